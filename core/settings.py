@@ -1,0 +1,57 @@
+"""The single source of defaults for the CLI, the engine and the web app.
+
+Every value can be set from the environment (prefix ``MTP_CHAT_``) or a ``.env`` file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MTP_CHAT_", env_file=".env", extra="ignore")
+
+    model: Path = Field(DEMO_MODEL_DIR, description="checkpoint directory (Qwythos layout)")
+    # Sampler defaults: the Qwythos published setting.
+    temperature: float = Field(0.6, ge=0.0, le=5.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_k: int = Field(20, ge=0)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    max_tokens: int = Field(256, ge=1, le=32768)
+    seed: int = 0
+    depth: Union[int, Literal["auto"]] = 1
+    max_depth: int = Field(4, ge=1, le=8)
+    # Overrides the checkpoint's MTP hidden-state variant (None: from config / family default).
+    hidden_variant: Optional[Literal["pre_norm", "post_norm"]] = None
+    host: str = "127.0.0.1"
+    port: int = Field(7860, ge=0, le=65535)
+    lan: bool = False
+    auth: Optional[str] = Field(None, description="USER:PASS required to open the app")
+    blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
+
+    @field_validator("depth", mode="before")
+    @classmethod
+    def _depth(cls, v):
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        v = int(v)
+        if v < 1:
+            raise ValueError("depth must be >= 1 or 'auto'")
+        return v
+
+    @field_validator("auth")
+    @classmethod
+    def _auth(cls, v):
+        if v is not None and (":" not in v or not v.split(":", 1)[0] or not v.split(":", 1)[1]):
+            raise ValueError("auth must look like USER:PASS")
+        return v
+
+
+def get_settings(**overrides) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
