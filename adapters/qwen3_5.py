@@ -1,0 +1,246 @@
+"""Qwen3.5 / Qwythos: trunk through mlx-lm, MTP head from the `optiq/mtp.safetensors` sidecar.
+
+The engine sees a small surface: forward (logits + trunk hidden, optionally capturing the
+per-position Gated-DeltaNet state), rollback (keep the first k verified positions), and the
+MTP head forward with its own KV cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.qwen3_5 import TextModelArgs
+
+from . import sidecar
+from .checkpoint import text_config
+from .contract import MTPContract
+from .errors import CheckpointError
+from .mtp_head import build_mtp_head
+
+MODEL_TYPES = ("qwen3_5",)
+# Qwythos default: the MLX-MTP reference validated pre-norm hidden states against MTPLX.
+DEFAULT_HIDDEN_VARIANT = "pre_norm"
+DEFAULT_CONCAT_ORDER = "embedding_hidden"
+
+
+@dataclass
+class Captured:
+    """What a verify pass keeps so that any prefix of it can be committed without a replay."""
+
+    width: int
+    # per Gated-DeltaNet layer index: (conv_input [B, K-1+T, C], state after each position)
+    gdn: dict = field(default_factory=dict)
+
+
+class Qwen35Adapter:
+    family = "qwen3_5"
+
+    def __init__(self, path: Path, model, tokenizer, config: dict, contract: MTPContract, head, compute_dtype):
+        self.path = path
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.contract = contract
+        self.head = head
+        self.compute_dtype = compute_dtype
+        self.inner = model.language_model.model
+        self._tied = model.language_model.args.tie_word_embeddings
+        self._pre_norm = contract.hidden_variant == "pre_norm"
+
+    # -- caches -------------------------------------------------------------------------
+    def make_cache(self) -> list:
+        return self.model.make_cache()
+
+    def make_mtp_cache(self) -> KVCache:
+        return KVCache()
+
+    # -- trunk ----------------------------------------------------------------------------
+    def lm_head(self, x: mx.array) -> mx.array:
+        if self._tied:
+            return self.inner.embed_tokens.as_linear(x)
+        return self.model.language_model.lm_head(x)
+
+    def forward(
+        self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False
+    ) -> Tuple[mx.array, mx.array, Optional[Captured]]:
+        """tokens [1, T] -> logits [1, T or 1, V], hidden [1, T, H] (the contract's variant)."""
+        inner = self.inner
+        h = inner.embed_tokens(tokens)
+        fa_mask = create_attention_mask(h, cache[inner.fa_idx])
+        ssm_mask = create_ssm_mask(h, cache[inner.ssm_idx])
+        captured = Captured(width=tokens.shape[1]) if capture else None
+        for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+            if capture and layer.is_linear:
+                r, captured.gdn[i] = _gdn_capturing(layer.linear_attn, layer.input_layernorm(h), ssm_mask, c)
+                h = h + r
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            else:
+                h = layer(h, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
+        post = inner.norm(h)
+        logits = self.lm_head(post if all_logits else post[:, -1:])
+        return logits, (h if self._pre_norm else post), captured
+
+    def rollback(self, cache: list, captured: Captured, keep: int) -> None:
+        """Commit only the first `keep` positions of a captured verify pass."""
+        drop = captured.width - keep
+        if drop == 0:
+            return
+        for i, c in enumerate(cache):
+            if i in captured.gdn:
+                conv_input, states = captured.gdn[i]
+                n_keep = conv_input.shape[1] - captured.width
+                c[0] = mx.contiguous(conv_input[:, keep : keep + n_keep])
+                c[1] = states[keep - 1]
+            else:
+                c.trim(drop)
+
+    # -- MTP head -------------------------------------------------------------------------
+    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache) -> mx.array:
+        """hidden [1, T, H] at positions n, next_tokens [1, T] = t[n+1] -> g [1, T, H].
+
+        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden.
+        """
+        return self.head(hidden, self.inner.embed_tokens(next_tokens), mtp_cache)
+
+    def describe(self) -> str:
+        c = self.contract
+        q = c.trunk_quantization
+        trunk = f"{q['bits']}-bit trunk" if q else "float trunk"
+        mq = c.mtp_quantization
+        head = f"{mq['bits']}-bit MTP head" if mq else "float MTP head"
+        return (
+            f"{self.path.name} (qwen3_5): {c.num_layers} layers "
+            f"({c.layer_kinds.count('linear')} Gated-DeltaNet + {c.layer_kinds.count('full')} attention), "
+            f"hidden {c.hidden_size}, vocab {c.vocab_size}, {trunk}, {head} ({c.mtp_tensor_count} tensors), "
+            f"hidden variant {c.hidden_variant}, compute {self.compute_dtype}"
+        )
+
+
+def _gdn_capturing(attn, x: mx.array, mask, cache):
+    """mlx-lm's GatedDeltaNet.__call__, run one position at a time to keep every state.
+
+    gated_delta_update only returns the final state; stepping it per position gives the
+    state after each verified token (bit-identical: the CPU path loops over positions
+    anyway), which is what lets a partial acceptance commit without replaying tokens.
+    """
+    B, S, _ = x.shape
+    qkv = attn.in_proj_qkv(x)
+    z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
+    b = attn.in_proj_b(x)
+    a = attn.in_proj_a(x)
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    cache[0] = mx.contiguous(conv_input[:, -(attn.conv_kernel_size - 1) :, :])
+    conv_out = nn.silu(attn.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [attn.key_dim, 2 * attn.key_dim], -1),
+            [attn.num_k_heads, attn.num_k_heads, attn.num_v_heads],
+            [attn.head_k_dim, attn.head_k_dim, attn.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+    state = cache[1]
+    outs, states = [], []
+    for t in range(S):
+        sl = slice(t, t + 1)
+        o, state = gated_delta_update(
+            q[:, sl], k[:, sl], v[:, sl], a[:, sl], b[:, sl], attn.A_log, attn.dt_bias, state,
+            None if mask is None else mask[:, sl], use_kernel=not attn.training,
+        )
+        outs.append(o)
+        states.append(state)
+    cache[1] = state
+    cache.advance(S)
+    out = attn.norm(mx.concatenate(outs, axis=1), z)
+    return attn.out_proj(out.reshape(B, S, -1)), (conv_input, states)
+
+
+def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto") -> Qwen35Adapter:
+    tc = text_config(config)
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size"):
+        if key not in tc:
+            raise CheckpointError(f"{path / 'config.json'}: text_config has no '{key}'.")
+    n_mtp = tc.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers", 1))
+    if n_mtp > 1:
+        raise CheckpointError(
+            f"{path}: mtp_num_hidden_layers is {n_mtp}; only one-layer MTP heads (Qwen3.5/Qwythos) are "
+            "supported. Deeper heads are drafted with the one layer applied recursively instead."
+        )
+
+    # The sidecar is found and checked before the trunk is touched: nothing is half-loaded.
+    side = sidecar.locate(path, config)
+    if side is None or n_mtp == 0:
+        raise CheckpointError(
+            f"{path} has no MTP head: no optiq/mtp.safetensors (nor a sidecar registered in config.json "
+            "as mtp_file / mlx_lm_extra_tensors.mtp_file). Speculative decoding needs the head; "
+            "use a checkpoint converted with its MTP tensors (for example the MTPLX/OptiQ conversion). "
+            "Plain autoregressive generation does not need this app."
+        )
+    tensors = sidecar.read(side)
+    quantized, qparams = sidecar.check(side, tensors, tc, config.get("mtplx_mtp_quantization"))
+    convention, convention_source = sidecar.detect_norm_convention(tensors, config)
+
+    variant = hidden_variant or config.get("mtp_hidden_variant")
+    variant_source = "override" if hidden_variant else ("config" if variant else "Qwythos default")
+    variant = variant or DEFAULT_HIDDEN_VARIANT
+    if variant not in ("pre_norm", "post_norm"):
+        raise CheckpointError(f"hidden variant '{variant}' is not 'pre_norm' or 'post_norm'.")
+    concat_order = config.get("mtp_concat_order", DEFAULT_CONCAT_ORDER)
+    if concat_order not in ("embedding_hidden", "hidden_embedding"):
+        raise CheckpointError(f"config.json: mtp_concat_order '{concat_order}' is not 'embedding_hidden' or 'hidden_embedding'.")
+
+    if not any(path.glob("model*.safetensors")):
+        raise CheckpointError(f"{path} has no model*.safetensors: the trunk weights are missing.")
+    from mlx_lm.utils import dequantize_model, load as mlx_lm_load
+
+    try:
+        model, tokenizer = mlx_lm_load(str(path))
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path}: mlx-lm could not load the trunk ({type(exc).__name__}: {exc}). "
+            "A truncated or corrupt model*.safetensors, or missing tokenizer files, are the usual causes."
+        ) from None
+
+    args = TextModelArgs.from_dict(tc)
+    head = build_mtp_head(args, tensors, quantized, qparams, concat_order, convention == "zero_centered")
+
+    if compute_dtype == "auto":
+        # Quantized and half-precision matmuls are slower than fp32 on the CPU backend.
+        compute_dtype = "float32" if mx.default_device() == mx.cpu else "native"
+    if compute_dtype == "float32":
+        for module in (model, head):
+            dequantize_model(module)
+            module.set_dtype(mx.float32)
+        mx.eval(model.parameters(), head.parameters())
+
+    layers = model.language_model.model.layers
+    contract = MTPContract(
+        hidden_size=tc["hidden_size"],
+        vocab_size=tc["vocab_size"],
+        num_layers=len(layers),
+        layer_kinds=tuple("linear" if l.is_linear else "full" for l in layers),
+        mtp_num_layers=1,
+        hidden_variant=variant,
+        concat_order=concat_order,
+        norm_convention=convention,
+        norm_convention_source=convention_source,
+        hidden_variant_source=variant_source,
+        trunk_quantization=config.get("quantization"),
+        mtp_quantization=qparams,
+        mtp_tensor_count=len(tensors),
+        sidecar=str(side.relative_to(path.resolve()) if side.is_relative_to(path.resolve()) else side),
+    )
+    return Qwen35Adapter(path, model, tokenizer, config, contract, head, compute_dtype)

@@ -1,0 +1,141 @@
+"""The cost model: what a verify of width k and one MTP step cost, relative to one AR step.
+
+Speculation at depth D yields 1 + a1 + a1*a2 + ... tokens per cycle (a_i: acceptance at
+depth i given the earlier ones passed) for one verify of width D+1 plus D MTP steps.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import mlx.core as mx
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Costs:
+    ar_step_seconds: float
+    verify: Dict[int, float]  # width -> cost relative to one AR step (verify[1] == 1.0)
+    mtp_step: float  # one MTP step (head layer + lm_head + sampling) relative to one AR step
+
+    def cycle(self, depth: int) -> float:
+        return self.verify[depth + 1] + depth * self.mtp_step
+
+    def as_dict(self) -> dict:
+        return {
+            "ar_step_ms": self.ar_step_seconds * 1e3,
+            "verify_width": {str(k): v for k, v in self.verify.items()},
+            "mtp_step": self.mtp_step,
+        }
+
+
+def expected_tokens(acceptance: List[float], depth: int) -> float:
+    total, run = 1.0, 1.0
+    for a in acceptance[:depth]:
+        run *= a
+        total += run
+    return total
+
+
+def predicted_speedup(costs: Costs, acceptance: List[float], depth: int) -> float:
+    return expected_tokens(acceptance, depth) / costs.cycle(depth)
+
+
+def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int = 7) -> Costs:
+    """Time the decode-time operations on a warm cache (once per adapter, then cached)."""
+    cached = _CACHE.get(adapter)
+    if cached is not None and max(cached.verify) >= max_width:
+        return cached
+    from .sampling import SamplerConfig
+
+    sampler = SamplerConfig(temperature=1.0, top_p=0.95, top_k=20)
+    V = adapter.contract.vocab_size
+    tokens = mx.random.randint(0, V, (1, context), key=mx.random.key(0)).astype(mx.int32)
+    cache = adapter.make_cache()
+    _, hidden, _ = adapter.forward(tokens, cache, all_logits=False)
+    mtp_cache = adapter.make_mtp_cache()
+    g = adapter.mtp_forward(hidden[:, :-1], tokens[:, 1:], mtp_cache)
+    mx.eval(hidden, g, [c.state for c in cache], mtp_cache.state)
+
+    def timed(fn) -> float:
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs[1:])  # the first run warms up
+
+    def verify(width: int):
+        def run():
+            snapshot = [list(c.cache) if hasattr(c, "cache") else None for c in cache]
+            logits, _, cap = adapter.forward(tokens[:, :width], cache, capture=width > 1)
+            mx.eval(sampler.probs(logits[0]).sum(), [c.state for c in cache])
+            for c, snap in zip(cache, snapshot):  # undo: back to the warm context
+                if snap is None:
+                    c.trim(width)
+                else:
+                    c.cache = snap
+        return run
+
+    def mtp_step():
+        g = adapter.mtp_forward(hidden[:, -1:], tokens[:, -1:], mtp_cache)
+        mx.eval(sampler.probs(adapter.lm_head(g)[0]).sum())
+        mtp_cache.trim(1)
+
+    base = timed(verify(1))
+    costs = Costs(
+        ar_step_seconds=base,
+        verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
+        mtp_step=timed(mtp_step) / base,
+    )
+    _CACHE[adapter] = costs
+    return costs
+
+
+class DepthPolicy:
+    """Fixed depth, or 'auto': the depth with the best predicted tokens per unit cost.
+
+    Acceptance per depth is estimated online with a Beta(4, 1) prior; when no depth beats
+    plain decoding, it decodes autoregressively and re-probes depth 1 every PROBE_EVERY steps.
+    """
+
+    PROBE_EVERY = 16
+
+    def __init__(self, depth, max_depth: int, costs: Optional[Costs]):
+        self.auto = depth == "auto"
+        self.depth = max_depth if self.auto else int(depth)
+        self.costs = costs
+        self._ar_steps = 0
+
+    def acceptance(self, stats) -> List[float]:
+        est = []
+        for i in range(self.depth):
+            acc = stats.accepted_per_depth[i] if i < len(stats.accepted_per_depth) else 0
+            prop = stats.proposed_per_depth[i] if i < len(stats.proposed_per_depth) else 0
+            est.append((acc + 4.0) / (prop + 5.0))
+        return est
+
+    def best(self, stats):
+        """(depth, predicted speedup) with the highest predicted speedup; depth 0 is plain AR."""
+        if self.costs is None:
+            return self.depth, None
+        acc = self.acceptance(stats)
+        options = [(predicted_speedup(self.costs, acc, d), d) for d in range(1, self.depth + 1)]
+        speed, d = max(options)
+        return (d, speed) if (speed > 1.0 or not self.auto) else (0, 1.0)
+
+    def choose(self, stats) -> int:
+        d, speed = self.best(stats)
+        stats.predicted_speedup = speed
+        if not self.auto:
+            return self.depth
+        if d == 0:
+            self._ar_steps += 1
+            if self._ar_steps % self.PROBE_EVERY == 0:
+                return 1
+        stats.mtp_active = d > 0
+        return d

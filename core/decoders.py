@@ -1,0 +1,122 @@
+"""The two lanes. Same sampler, same prefill, same stopping rules; only the loop differs."""
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple, Union
+
+import mlx.core as mx
+
+from .acceptance import accepted_prefix, verify_drafts
+from .costs import DepthPolicy, measure_costs, _CACHE as _COSTS
+from .sampling import KeyStream, SamplerConfig, all_finite, categorical, check_finite
+from .stats import GenerationStats
+from .stream import Lane, prefill
+
+
+class AutoregressiveDecoder(Lane):
+    mode = "ar"
+
+    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0):
+        super().__init__(adapter, sampler, seed)
+
+    def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
+        ad, keys = self.adapter, KeyStream(self.seed)
+        cache = ad.make_cache()
+
+        def sample(logits):
+            return categorical(self.sampler.probs(logits), keys.next()), all_finite(logits)
+
+        logits, _ = prefill(ad, prompt, cache)
+        y, ok = sample(logits)
+        stats.target_forwards += 1
+        for n in range(1, max_tokens + 1):
+            if n < max_tokens:
+                # Queue the next step before reading this token: the host builds the
+                # graph while the device computes (as mlx_lm.generate_step does).
+                logits, _, _ = ad.forward(y[None], cache, all_logits=False)
+                next_y, next_ok = sample(logits[:, -1])
+                mx.async_eval(next_y, next_ok)
+            check_finite(ok.item(), "target model")
+            if n > 1:
+                stats.record_cycle(0, 0)
+            yield [y.item()], ["target"]
+            y, ok = next_y, next_ok
+
+
+class SpeculativeDecoder(Lane):
+    """Native-MTP speculative decoding: one target forward per cycle, exact sampling."""
+
+    mode = "mtp"
+
+    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0,
+                 depth: Union[int, str] = 1, max_depth: int = 4):
+        super().__init__(adapter, sampler, seed)
+        if depth != "auto" and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+            raise ValueError(f"depth must be an integer >= 1 or 'auto', got {depth!r}")
+        self.depth = depth
+        self.max_depth = max_depth if depth == "auto" else depth
+        # Costs are measured once per adapter ('auto' needs them; fixed depths reuse them if known).
+        self.costs = measure_costs(adapter, max_width=self.max_depth + 1) if depth == "auto" else _COSTS.get(adapter)
+
+    def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
+        ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed)
+        policy = DepthPolicy(self.depth, self.max_depth, self.costs)
+        cache, mtp_cache = ad.make_cache(), ad.make_mtp_cache()
+
+        logits, hidden = prefill(ad, prompt, cache)
+        first = categorical(sampler.probs(logits), keys.next())
+        check_finite(all_finite(logits).item(), "target model")
+        stats.target_forwards += 1
+        pending = first.item()
+        yield [pending], ["target"]
+        # What the head has not seen yet: trunk hidden at n with token n+1.
+        feed_h, feed_t = hidden, mx.concatenate([prompt[1:], first])
+        produced = 1
+
+        while True:
+            depth = min(policy.choose(stats), max_tokens - produced - 1)
+            if depth <= 0:  # plain AR step: priced out, or only one token left to make
+                logits, h, _ = ad.forward(mx.array([[pending]]), cache)
+                y = categorical(sampler.probs(logits[0]), keys.next())
+                mx.eval(y)
+                check_finite(all_finite(logits).item(), "target model")
+                feed_h, feed_t = mx.concatenate([feed_h, h], axis=1), mx.concatenate([feed_t, y])
+                stats.record_cycle(0, 0)
+                pending = y.item()
+                produced += 1
+                yield [pending], ["target"]
+                continue
+
+            # 1. Draft: the MTP head catches up on the new positions, then runs recursively.
+            drafts, qs = [], []
+            h, t = feed_h, feed_t
+            for _ in range(depth):
+                g = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
+                q = sampler.probs(ad.lm_head(g)[0])
+                t = categorical(q, keys.next())
+                h = g
+                drafts.append(t)
+                qs.append(q)
+            drafts, q = mx.concatenate(drafts), mx.concatenate(qs)
+
+            # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
+            logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
+            p = sampler.probs(logits[0])
+            accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3))
+
+            # 3. Accept: the one host sync of the cycle.
+            ok = mx.logical_and(all_finite(logits), mx.all(mx.isfinite(q)))
+            mx.eval(accepted, corrections, bonus, drafts, ok)
+            check_finite(ok.item(), "target model or MTP head")
+            n = accepted_prefix(accepted.tolist())
+            new = bonus if n == depth else corrections[n : n + 1]
+
+            # 4. Commit: keep the verified prefix; drop the head's entries for its own drafts,
+            #    which it relearns next cycle from the target's hidden states.
+            ad.rollback(cache, captured, keep=n + 1)
+            mtp_cache.trim(depth - 1)
+            feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
+            stats.record_cycle(depth, n)
+            pending = new.item()
+            tokens = drafts[:n].tolist() + [pending]
+            produced += len(tokens)
+            yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"]

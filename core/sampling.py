@@ -1,0 +1,94 @@
+"""One sampler definition for both lanes: p (target), q (draft) and the AR lane use `probs`."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+class NonFiniteLogitsError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off.
+
+    Order: temperature, top_k, top_p, min_p, renormalise.
+    """
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        checks = [
+            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and 0 <= self.temperature <= 100,
+             f"temperature must be a number in [0, 100] (0 = greedy), got {self.temperature!r}"),
+            (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+             f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}"),
+            (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+             f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}"),
+            (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1,
+             f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """logits [..., V] -> fp32 probabilities [..., V] of the filtered distribution."""
+        logits = logits.astype(mx.float32)
+        if self.greedy:
+            top = mx.argmax(logits, axis=-1, keepdims=True)
+            return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
+        x = logits / self.temperature
+        V = x.shape[-1]
+        if 0 < self.top_k < V:
+            kth = mx.topk(x, self.top_k, axis=-1).min(axis=-1, keepdims=True)
+            x = mx.where(x >= kth, x, -mx.inf)
+        p = mx.softmax(x, axis=-1)
+        if self.top_p < 1.0:
+            # Keep the smallest head of the sorted distribution whose mass reaches top_p.
+            desc = -mx.sort(-p, axis=-1)
+            before = mx.cumsum(desc, axis=-1) - desc
+            cutoff = mx.min(mx.where(before < self.top_p, desc, mx.inf), axis=-1, keepdims=True)
+            p = mx.where(p >= cutoff, p, 0.0)
+        if self.min_p > 0:
+            p = mx.where(p >= self.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+        return p / p.sum(axis=-1, keepdims=True)
+
+
+def categorical(p: mx.array, key: mx.array) -> mx.array:
+    """Draw one token per row of p [..., V]."""
+    return mx.random.categorical(mx.log(p), axis=-1, key=key)
+
+
+def all_finite(logits: mx.array) -> mx.array:
+    return mx.all(mx.isfinite(logits))
+
+
+def check_finite(ok: bool, where: str) -> None:
+    if not ok:
+        raise NonFiniteLogitsError(
+            f"the {where} produced NaN or infinite logits; no token was sampled. "
+            "The weights are likely corrupt or the computation overflowed (try float32)."
+        )
+
+
+class KeyStream:
+    """A private PRNG stream per decoder, so interleaved lanes stay reproducible."""
+
+    def __init__(self, seed: int):
+        self.key = mx.random.key(seed)
+
+    def next(self, n: int = 1) -> mx.array:
+        keys = mx.random.split(self.key, n + 1)
+        self.key = keys[0]
+        return keys[1] if n == 1 else keys[1:]
