@@ -1,0 +1,633 @@
+#!/usr/bin/env python3
+"""Write a random-weight checkpoint in the exact Qwythos layout (docs/checkpoint-layout.md).
+
+    python scripts/make_tiny_checkpoint.py --out /tmp/tiny            # 4-bit trunk, 29-tensor head
+    python scripts/make_tiny_checkpoint.py --out /tmp/tiny --bits 0   # float trunk
+
+or from Python::
+
+    from scripts.make_tiny_checkpoint import make_tiny_checkpoint
+    make_tiny_checkpoint(tmp_path / "ckpt", bits=None, tie_word_embeddings=False)
+
+What it writes:
+
+- ``config.json``: top-level ``model_type: qwen3_5`` with a nested ``text_config``,
+  ``quantization``/``quantization_config`` as ``mlx_lm.utils.quantize_model`` writes them,
+  the OptiQ/MTPLX sidecar registration (``mtp_file``, ``mlx_lm_extra_tensors``,
+  ``mtplx_mtp_quantization``, ``mtp_tensor_count``, ``mtp_policy``) and, unless told not to,
+  the explicit convention keys (``mtp_hidden_variant``, ``mtp_concat_order``,
+  ``mtp_norm_convention``).
+- ``model.safetensors`` (+ ``model.safetensors.index.json``; sharded on request): the trunk
+  of ``mlx_lm.models.qwen3_5.Model`` in mlx-lm's own layout, loadable by ``mlx_lm.load``.
+- ``optiq/mtp.safetensors`` (or another location): the MTP head, 29 tensors (31 with
+  ``quantize_fc``, 15 with an unquantized head), bf16 norms stored zero-centred by default.
+- ``tokenizer.json`` / ``tokenizer_config.json`` / ``special_tokens_map.json``: a byte-level
+  BPE trained at build time on a small built-in English text, ChatML specials, chat template.
+
+The weights are random but shaped so that runs are not degenerate: the logits have a
+controlled spread (``logit_std``) and a few "frequent" tokens get larger output-embedding
+norms (``frequent_tokens``/``frequent_scale``), as in a trained model. With the defaults the
+trunk and a random MTP head agree on the greedy token some of the time, not always, so
+speculative tests see both accepted and rejected drafts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional, Union
+
+# Fast BLAS before mlx.core is imported (no-op when unavailable or already imported).
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+try:  # pragma: no cover - best effort
+    from adapters.runtime import preload_blas as _preload
+
+    _preload()
+except Exception:  # noqa: BLE001
+    pass
+
+import numpy as np  # noqa: E402
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for block in message['content'] -%}"
+    "{%- if block['type'] == 'text' -%}{{- block['text'] -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+SIDECAR_KEY_MODES = ("both", "extra", "mtp_file", "none")
+DEFAULT_SIDECAR = "optiq/mtp.safetensors"
+
+# A small built-in English text for the BPE (written for this project; no licence issues).
+_CORPUS = """
+The quick brown fox jumps over the lazy dog. A small model can still write a sentence,
+even when its weights are random. This text exists only to teach a byte-level tokenizer
+which pieces of English are common: the, and, of, to, in, is, that, it, was, for, on, are,
+with, as, his, they, be, at, one, have, this, from, or, had, by, not, word, but, what,
+some, we, can, out, other, were, all, there, when, up, use, your, how, said, an, each,
+she, which, do, their, time, if, will, way, about, many, then, them, write, would, like,
+so, these, her, long, make, thing, see, him, two, has, look, more, day, could, go, come,
+did, number, sound, no, most, people, my, over, know, water, than, call, first, who, may,
+down, side, been, now, find, any, new, work, part, take, get, place, made, live, where,
+after, back, little, only, round, man, year, came, show, every, good, me, give, our,
+under, name, very, through, just, form, sentence, great, think, say, help, low, line.
+
+User: What is speculative decoding?
+Assistant: Speculative decoding lets a fast draft propose the next few tokens, and the
+large model checks all of them in one forward pass. Tokens that the large model agrees
+with are kept; at the first disagreement the large model's own choice replaces the draft.
+The output has exactly the distribution of the large model, but it arrives faster.
+
+User: What does multi-token prediction mean?
+Assistant: A model trained with multi-token prediction has an extra head that guesses the
+token after the next one. At inference time that head is a free draft model: it shares the
+embedding table and the output layer with the main model, so it costs only one layer.
+
+User: Can you write a short poem about the sea?
+Assistant: The sea is grey, the sea is wide,
+it keeps its secrets deep inside;
+it sings at night, it sleeps at noon,
+and dances with the silver moon.
+
+User: How do I make a cup of tea?
+Assistant: Boil fresh water, warm the pot, add one spoon of tea for each cup, pour the
+water over the leaves and wait three to five minutes. Then pour, and add milk or lemon if
+you like. Good tea needs good water and a little patience.
+
+User: Tell me a fact about the moon.
+Assistant: The moon always shows the same face to the Earth, because it turns once on its
+axis in the same time that it takes to go once around the Earth.
+
+def greet(name):
+    return "Hello, " + name + "!"
+
+for i in range(10):
+    print(i, greet("world"))
+
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 50 100 1000 2024 3.14 42.
+Punctuation: , . ; : ! ? ' " ( ) [ ] { } - + = * / # @ & % $ < > _ |
+Once upon a time there was a little robot who wanted to learn to read. Every morning it
+opened a book, looked at the letters, and tried to guess the next word. Some days it was
+right, some days it was wrong, but it never stopped trying, and in the end it could read
+every story in the library. The library was old and quiet, and the robot liked it there.
+"""
+
+_TOKENIZER_CACHE: dict = {}
+
+
+# --------------------------------------------------------------------------- tokenizer
+def _train_tokenizer_json(vocab_size: int) -> str:
+    """A byte-level BPE of exactly ``vocab_size`` ids, ChatML specials at the end."""
+    if vocab_size in _TOKENIZER_CACHE:
+        return _TOKENIZER_CACHE[vocab_size]
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    n_special = len(SPECIAL_TOKENS)
+    if vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size must be >= {256 + n_special} for a byte-level BPE")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - n_special,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    # A small corpus may give fewer merges than asked: fill so the ids are contiguous and
+    # the specials sit at the very end (vocab_size - 3 ...), like Qwen's.
+    n = tok.get_vocab_size()
+    fillers = [AddedToken(f"<|extra_{i}|>", special=False, normalized=False)
+               for i in range(vocab_size - n_special - n)]
+    if fillers:
+        tok.add_tokens(fillers)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
+    js = tok.to_str()
+    _TOKENIZER_CACHE[vocab_size] = js
+    return js
+
+
+def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict:
+    js = _train_tokenizer_json(vocab_size)
+    (out / "tokenizer.json").write_text(js)
+    ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
+    added = {
+        str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": True}
+        for t in SPECIAL_TOKENS
+    }
+    tok_cfg = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != PAD_TOKEN],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOS_TOKEN,
+        "errors": "replace",
+        "model_max_length": model_max_length,
+        "pad_token": PAD_TOKEN,
+        "split_special_tokens": False,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": None,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != PAD_TOKEN],
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+    }, indent=2))
+    return ids
+
+
+# --------------------------------------------------------------------------- weights
+_OUT_PROJ = ("o_proj", "out_proj", "down_proj")
+
+
+def _init_param(name: str, shape, rng: np.random.Generator, *, num_layers: int,
+                norm_std: float, residual_gain: float = 1.0) -> np.ndarray:
+    """Sensible random values for one parameter of a qwen3_5 trunk / decoder layer."""
+    leaf = name.rsplit(".", 1)[-1]
+    owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    if leaf == "A_log":
+        return np.log(rng.uniform(1.0, 16.0, size=shape)).astype(np.float32)
+    if leaf == "dt_bias":
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if owner.endswith("norm") or owner.endswith("layernorm"):
+        # RMSNorm weights as applied: near 1.
+        return (1.0 + norm_std * rng.standard_normal(shape)).astype(np.float32)
+    if owner == "conv1d":  # (C, K, 1)
+        k = shape[1]
+        return (rng.standard_normal(shape) / math.sqrt(k)).astype(np.float32)
+    if len(shape) == 2:
+        fan_in = shape[1]
+        std = 1.0 / math.sqrt(fan_in)
+        if owner in _OUT_PROJ:
+            std *= residual_gain
+        return (std * rng.standard_normal(shape)).astype(np.float32)
+    return (0.02 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def _output_table(vocab: int, hidden: int, rng: np.random.Generator, *, logit_std: float,
+                  frequent_ids: np.ndarray, frequent_scale: float) -> np.ndarray:
+    """Rows whose dot product with a unit-RMS hidden state has std ``logit_std``."""
+    w = rng.standard_normal((vocab, hidden)).astype(np.float32) * (logit_std / math.sqrt(hidden))
+    if len(frequent_ids):
+        w[frequent_ids] *= frequent_scale
+    return w
+
+
+# --------------------------------------------------------------------------- checkpoint
+def _dtype(name: str):
+    import mlx.core as mx
+
+    return {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}[name]
+
+
+def make_tiny_checkpoint(
+    out_dir: Union[str, Path],
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    full_attention_interval: int = 2,
+    vocab_size: int = 512,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate_size: int = 128,
+    linear_num_value_heads: int = 4,
+    linear_num_key_heads: int = 2,
+    linear_key_head_dim: int = 16,
+    linear_value_head_dim: int = 16,
+    linear_conv_kernel_dim: int = 4,
+    partial_rotary_factor: float = 0.25,
+    rope_theta: float = 100000.0,
+    rms_norm_eps: float = 1e-6,
+    max_position_embeddings: int = 4096,
+    mtp_num_hidden_layers: int = 1,
+    seed: int = 0,
+    bits: Optional[int] = 4,
+    group_size: int = 32,
+    mtp_bits: Optional[int] = 4,
+    mtp_group_size: Optional[int] = None,
+    quantize_fc: bool = False,
+    tie_word_embeddings: bool = True,
+    zero_centered_norms: bool = True,
+    write_convention_keys: bool = True,
+    hidden_variant: str = "pre_norm",
+    concat_order: str = "embedding_hidden",
+    dtype: str = "float32",
+    mtp_dtype: str = "bfloat16",
+    key_prefix: str = "",
+    sidecar_path: str = DEFAULT_SIDECAR,
+    sidecar_keys: str = "both",
+    write_sidecar: bool = True,
+    write_tensor_count: bool = True,
+    mtp_weight_scale: float = 1.0,
+    logit_std: float = 2.0,
+    frequent_tokens: int = 8,
+    frequent_scale: float = 3.0,
+    norm_std: float = 0.05,
+    residual_gain: float = 4.0,
+    max_shard_bytes: Optional[int] = None,
+    overwrite: bool = True,
+) -> Path:
+    """Write a random-weight Qwythos-layout checkpoint into ``out_dir`` and return its path.
+
+    ``bits=None`` (or 0) keeps the trunk in ``dtype``; otherwise the trunk is quantized the
+    way ``mlx_lm.convert -q`` does it (linears and embedding whose input dim divides by
+    ``group_size``). ``mtp_bits=None`` writes an unquantized head (15 tensors); otherwise
+    the 7 linears of the MTP layer are affine-quantized (29 tensors, 31 with ``quantize_fc``).
+    ``sidecar_keys`` says which config keys register ``sidecar_path``: ``both``
+    (``mtp_file`` and ``mlx_lm_extra_tensors.mtp_file``, as OptiQ writes), ``extra``,
+    ``mtp_file`` or ``none`` (the loader must find it at a default location).
+    ``write_sidecar=False`` makes a checkpoint with no MTP head at all.
+    ``max_shard_bytes`` splits the trunk into ``model-0000N-of-0000M.safetensors``.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5
+    from mlx_lm.utils import get_total_parameters, quantize_model, save_config
+
+    bits = bits or None
+    mtp_bits = mtp_bits or None
+    mtp_group_size = mtp_group_size or group_size
+    if hidden_variant not in ("pre_norm", "post_norm"):
+        raise ValueError("hidden_variant must be 'pre_norm' or 'post_norm'")
+    if concat_order not in ("embedding_hidden", "hidden_embedding"):
+        raise ValueError("concat_order must be 'embedding_hidden' or 'hidden_embedding'")
+    if sidecar_keys not in SIDECAR_KEY_MODES:
+        raise ValueError(f"sidecar_keys must be one of {SIDECAR_KEY_MODES}")
+    if key_prefix not in ("", "language_model."):
+        raise ValueError("key_prefix must be '' or 'language_model.'")
+
+    out = Path(out_dir)
+    if out.exists() and overwrite:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    rng = np.random.default_rng(seed)
+
+    text_config = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "linear_num_value_heads": linear_num_value_heads,
+        "linear_num_key_heads": linear_num_key_heads,
+        "linear_key_head_dim": linear_key_head_dim,
+        "linear_value_head_dim": linear_value_head_dim,
+        "linear_conv_kernel_dim": linear_conv_kernel_dim,
+        "full_attention_interval": full_attention_interval,
+        "layer_types": [
+            "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
+            for i in range(num_layers)
+        ],
+        "vocab_size": vocab_size,
+        "rms_norm_eps": rms_norm_eps,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "mtp_num_hidden_layers": mtp_num_hidden_layers,
+        "mtp_use_dedicated_embeddings": False,
+        "dtype": dtype,
+    }
+
+    # --- tokenizer (fixes the special ids) -------------------------------------------
+    special_ids = _write_tokenizer(out, vocab_size, max_position_embeddings)
+    eos_id = special_ids[EOS_TOKEN]
+    text_config["eos_token_id"] = eos_id
+    text_config["pad_token_id"] = special_ids[PAD_TOKEN]
+
+    # --- trunk -------------------------------------------------------------------------
+    args = qwen3_5.ModelArgs.from_dict(
+        {"model_type": "qwen3_5", "text_config": json.loads(json.dumps(text_config))})
+    model = qwen3_5.Model(args)
+    params = dict(tree_flatten(model.parameters()))
+    n_special = len(SPECIAL_TOKENS)
+    frequent_ids = np.array([], dtype=np.int64)
+    if frequent_tokens > 0:
+        # Ordinary BPE ids (not bytes-only, not specials/fillers) become "frequent".
+        lo, hi = 256, vocab_size - n_special
+        if hi - lo < frequent_tokens:
+            lo = 0
+        frequent_ids = np.sort(rng.choice(np.arange(lo, hi), size=frequent_tokens, replace=False))
+    new = {}
+    for name in sorted(params):
+        shape = params[name].shape
+        if name.endswith("embed_tokens.weight"):
+            if tie_word_embeddings:
+                w = _output_table(vocab_size, hidden_size, rng, logit_std=logit_std,
+                                  frequent_ids=frequent_ids, frequent_scale=frequent_scale)
+            else:
+                w = rng.standard_normal(shape).astype(np.float32)
+        elif name.endswith("lm_head.weight"):
+            w = _output_table(vocab_size, hidden_size, rng, logit_std=logit_std,
+                              frequent_ids=frequent_ids, frequent_scale=frequent_scale)
+        else:
+            w = _init_param(name, shape, rng, num_layers=num_layers, norm_std=norm_std,
+                            residual_gain=residual_gain)
+        new[name] = w
+    tdt = _dtype(dtype)
+    cast = model.cast_predicate
+    from mlx.utils import tree_unflatten
+
+    model.update(tree_unflatten([
+        (k, mx.array(v).astype(tdt) if cast(k) else mx.array(v)) for k, v in new.items()
+    ]))
+    embed_np = new["language_model.model.embed_tokens.weight"]
+
+    config = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_config,
+        "tie_word_embeddings": tie_word_embeddings,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+    }
+    if bits is not None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            model, config = quantize_model(model, config, group_size, bits, mode="affine")
+    mx.eval(model.parameters())
+
+    weights = dict(tree_flatten(model.parameters()))
+    _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
+
+    # --- MTP sidecar -------------------------------------------------------------------
+    tensors = {}
+    if write_sidecar:
+        tensors = _mtp_tensors(
+            args, rng, hidden_size=hidden_size, head_dim=head_dim,
+            n_layers=mtp_num_hidden_layers, fai=full_attention_interval,
+            mtp_bits=mtp_bits, mtp_group_size=mtp_group_size, quantize_fc=quantize_fc,
+            zero_centered=zero_centered_norms, norm_std=norm_std,
+            weight_scale=mtp_weight_scale, mtp_dtype=_dtype(mtp_dtype), num_layers=num_layers,
+            residual_gain=residual_gain,
+        )
+        tensors = {key_prefix + k: v for k, v in tensors.items()}
+        path = out / sidecar_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(str(path), tensors, metadata={"format": "mlx"})
+        if sidecar_keys in ("both", "mtp_file"):
+            config["mtp_file"] = sidecar_path
+        if sidecar_keys in ("both", "extra"):
+            config["mlx_lm_extra_tensors"] = {"mtp_file": sidecar_path}
+        if mtp_bits is not None:
+            config["mtplx_mtp_quantization"] = {
+                "bits": mtp_bits, "group_size": mtp_group_size, "mode": "affine",
+                "policy": "cyankiwi", "prequantized": True,
+            }
+            config["mtp_policy"] = "cyankiwi"
+        if write_tensor_count:
+            config["mtp_tensor_count"] = len(tensors)
+    if write_convention_keys:
+        config["mtp_hidden_variant"] = hidden_variant
+        config["mtp_concat_order"] = concat_order
+        config["mtp_norm_convention"] = "zero_centered" if zero_centered_norms else "standard"
+
+    save_config(config, out / "config.json")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
+    del embed_np
+    return out
+
+
+def _save_trunk(out: Path, weights: dict, total_params: int, max_shard_bytes: Optional[int]):
+    """``mlx_lm.utils.save_model`` semantics, with an optional small shard limit."""
+    import mlx.core as mx
+
+    limit = max_shard_bytes if max_shard_bytes else 5 << 30
+    shards, size = [], 0
+    for k, v in weights.items():
+        if not shards or size + v.nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.nbytes
+    fmt = "model-{:05d}-of-{:05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+    index = {
+        "metadata": {"total_size": sum(v.nbytes for v in weights.values()),
+                     "total_parameters": total_params},
+        "weight_map": {},
+    }
+    for i, shard in enumerate(shards):
+        name = fmt.format(i + 1, len(shards))
+        mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+        for k in shard:
+            index["weight_map"][k] = name
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+
+
+def _mtp_tensors(args, rng, *, hidden_size, head_dim, n_layers, fai, mtp_bits, mtp_group_size,
+                 quantize_fc, zero_centered, norm_std, weight_scale, mtp_dtype, num_layers,
+                 residual_gain):
+    """The ``mtp.*`` tensors (without prefix), in the stored form."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5
+
+    text_args = qwen3_5.TextModelArgs.from_dict(json.loads(json.dumps(args.text_config)))
+    H = hidden_size
+    applied = {}  # name -> float32 numpy, as applied
+    applied["fc.weight"] = (rng.standard_normal((H, 2 * H)) / math.sqrt(2 * H)).astype(np.float32)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        applied[f"{n}.weight"] = (1.0 + norm_std * rng.standard_normal(H)).astype(np.float32)
+    layer = qwen3_5.DecoderLayer(text_args, layer_idx=fai - 1)
+    assert not layer.is_linear
+    layer_params = dict(tree_flatten(layer.parameters()))
+    for i in range(n_layers):
+        for name in sorted(layer_params):
+            applied[f"layers.{i}.{name}"] = _init_param(
+                name, layer_params[name].shape, rng, num_layers=num_layers, norm_std=norm_std,
+                residual_gain=residual_gain)
+    if weight_scale != 1.0:
+        for k, v in applied.items():
+            if v.ndim == 2:
+                applied[k] = v * weight_scale
+
+    out = {}
+    for k in sorted(applied):
+        v = applied[k]
+        name = "mtp." + k
+        if v.ndim == 1:
+            stored = v - 1.0 if zero_centered else v
+            out[name] = mx.array(stored).astype(mtp_dtype)
+            continue
+        w = mx.array(v).astype(mtp_dtype)
+        is_fc = k == "fc.weight"
+        if mtp_bits is None or (is_fc and not quantize_fc):
+            out[name] = w
+            continue
+        if w.shape[-1] % mtp_group_size:
+            raise ValueError(f"{name}: input dim {w.shape[-1]} not divisible by "
+                             f"mtp_group_size {mtp_group_size}")
+        wq, scales, biases = mx.quantize(w, group_size=mtp_group_size, bits=mtp_bits)
+        base = name[: -len(".weight")]
+        out[base + ".weight"] = wq
+        out[base + ".scales"] = scales
+        out[base + ".biases"] = biases
+    mx.eval(out)
+    return out
+
+
+def expected_mtp_shapes(*, hidden_size=64, head_dim=16, num_heads=4, num_kv_heads=2,
+                        intermediate_size=128, mtp_num_hidden_layers=1) -> dict:
+    """Logical (dequantized) shape of each base ``mtp.*`` tensor."""
+    H, I = hidden_size, intermediate_size
+    shapes = {
+        "mtp.fc.weight": (H, 2 * H),
+        "mtp.pre_fc_norm_embedding.weight": (H,),
+        "mtp.pre_fc_norm_hidden.weight": (H,),
+        "mtp.norm.weight": (H,),
+    }
+    for i in range(mtp_num_hidden_layers):
+        p = f"mtp.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "self_attn.q_proj.weight": (2 * num_heads * head_dim, H),
+            p + "self_attn.k_proj.weight": (num_kv_heads * head_dim, H),
+            p + "self_attn.v_proj.weight": (num_kv_heads * head_dim, H),
+            p + "self_attn.o_proj.weight": (H, num_heads * head_dim),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
+        })
+    return shapes
+
+
+# --------------------------------------------------------------------------- CLI
+def _bits(s: str) -> Optional[int]:
+    return None if s.lower() in ("0", "none", "float", "") else int(s)
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {s}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    ints = ["hidden_size", "num_layers", "full_attention_interval", "vocab_size", "num_heads",
+            "num_kv_heads", "head_dim", "intermediate_size", "linear_num_value_heads",
+            "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim",
+            "linear_conv_kernel_dim", "max_position_embeddings", "mtp_num_hidden_layers",
+            "seed", "group_size", "frequent_tokens"]
+    defaults = make_tiny_checkpoint.__kwdefaults__
+    for name in ints:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name])
+    for name in ["partial_rotary_factor", "rope_theta", "rms_norm_eps", "mtp_weight_scale",
+                 "logit_std", "frequent_scale", "norm_std", "residual_gain"]:
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=defaults[name])
+    p.add_argument("--bits", type=_bits, default=defaults["bits"], help="trunk bits; 0 = float")
+    p.add_argument("--mtp-bits", type=_bits, default=defaults["mtp_bits"],
+                   help="MTP linear bits; 0 = unquantized head")
+    p.add_argument("--mtp-group-size", type=int, default=None, help="default: --group-size")
+    p.add_argument("--max-shard-bytes", type=int, default=None)
+    for name in ["quantize_fc", "tie_word_embeddings", "zero_centered_norms",
+                 "write_convention_keys", "write_sidecar", "write_tensor_count"]:
+        p.add_argument("--" + name.replace("_", "-"), type=_bool, default=defaults[name],
+                       metavar="BOOL")
+    p.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"],
+                   default=defaults["hidden_variant"])
+    p.add_argument("--concat-order", choices=["embedding_hidden", "hidden_embedding"],
+                   default=defaults["concat_order"])
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=defaults["dtype"])
+    p.add_argument("--mtp-dtype", choices=["bfloat16", "float32", "float16"],
+                   default=defaults["mtp_dtype"])
+    p.add_argument("--key-prefix", choices=["", "language_model."], default="")
+    p.add_argument("--sidecar-path", default=DEFAULT_SIDECAR)
+    p.add_argument("--sidecar-keys", choices=SIDECAR_KEY_MODES, default="both")
+    a = vars(p.parse_args(argv))
+    out = a.pop("out")
+    path = make_tiny_checkpoint(out, **a)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Shared fixtures.
+
+``tiny_checkpoint(**opts)`` builds a random-weight checkpoint in the Qwythos layout with
+``scripts/make_tiny_checkpoint.make_tiny_checkpoint(**opts)`` and caches it for the whole
+session by its options. The returned directory is shared between tests: never modify it;
+pass ``fresh=True`` to get a private copy you may corrupt/edit.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# Fast BLAS before anything imports mlx.core (importing ``adapters`` does it first thing).
+try:
+    from adapters.runtime import preload_blas as _preload
+
+    _preload()
+except Exception:  # noqa: BLE001 - tests of adapters report their own import errors
+    pass
+
+from scripts.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+
+
+def _key(opts: dict) -> str:
+    return repr(sorted((k, repr(v)) for k, v in opts.items()))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Factory: ``tiny_checkpoint(bits=None, tie_word_embeddings=False, ...) -> Path``."""
+    cache: dict[str, Path] = {}
+
+    def make(fresh: bool = False, **opts) -> Path:
+        key = _key(opts)
+        name = "ckpt_" + hashlib.sha1(key.encode()).hexdigest()[:10]
+        if key not in cache:
+            cache[key] = make_tiny_checkpoint(tmp_path_factory.mktemp(name) / "model", **opts)
+        if not fresh:
+            return cache[key]
+        dst = tmp_path_factory.mktemp(name + "_fresh") / "model"
+        shutil.copytree(cache[key], dst)
+        return dst
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_checkpoint) -> Path:
+    """The default tiny checkpoint (4-bit trunk, 29-tensor 4-bit head, tied embeddings)."""
+    return tiny_checkpoint()
