@@ -5,6 +5,9 @@ A new family (for example DeepSeek-V3-style `eh_proj` heads) is one new module w
 """
 from __future__ import annotations
 
+# Fast BLAS on Linux: must run before anything imports mlx.core (see adapters/runtime.py).
+from .runtime import preload_blas as _preload; _preload()  # noqa: E402,E702,I001
+
 from pathlib import Path
 from typing import Optional, Union
 
