@@ -1,0 +1,182 @@
+"""Chat tab event functions: submit, respond (streamed), stop, regenerate, undo, clear.
+
+History is a list of ``{"role", "content", "metadata"?}`` messages (Gradio 6 messages
+format, content as text blocks). Each reply is followed by a stats message: an assistant
+message whose ``metadata.title`` carries the figures; such messages never reach the prompt.
+Only text ever leaves these functions, so a crafted history cannot make the server serve
+a file.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, List, Optional, Tuple
+
+import gradio as gr
+
+from .model import ModelHost
+from .params import ParamError, parse_params
+from .render import reply_stats
+from .stops import StopRegistry
+
+UPDATE_INTERVAL = 0.1      # seconds between streamed UI updates (~10/s: the browser keeps up)
+MODES = {"mtp": "mtp", "ar": "ar", "mtp (speculative)": "mtp", "ar (plain)": "ar"}
+
+
+def text_of(content: Any) -> str:
+    """Flatten message content (str, text blocks, a dict block) to plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return str(content.get("text", "")) if content.get("type", "text") == "text" else ""
+    if isinstance(content, (list, tuple)):
+        return "".join(text_of(c) for c in content)
+    return ""
+
+
+def block(text: str) -> List[dict]:
+    return [{"type": "text", "text": text}]
+
+
+def assistant(text: str, title: Optional[str] = None, duration: Optional[float] = None) -> dict:
+    """An assistant message; with a title it is a stats/notice message (never prompted)."""
+    msg = {"role": "assistant", "content": block(text)}
+    if title:
+        msg["metadata"] = {"title": title, "status": "done"}
+        if duration is not None:
+            msg["metadata"]["duration"] = duration
+    return msg
+
+
+def is_stats(msg: dict) -> bool:
+    meta = msg.get("metadata") or {}
+    return bool(meta.get("title"))
+
+
+def clean_history(history: Optional[List[Any]]) -> List[dict]:
+    """Text-only copy of a history as a client sent it (drops files and unknown roles)."""
+    out: List[dict] = []
+    for m in history or []:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            continue
+        msg = {"role": m["role"], "content": block(text_of(m.get("content")))}
+        meta = m.get("metadata")
+        if isinstance(meta, dict) and meta.get("title"):
+            msg["metadata"] = {k: meta[k] for k in ("title", "status", "duration", "log", "id") if meta.get(k) is not None}
+        out.append(msg)
+    return out
+
+
+def prompt_messages(history: List[dict], system_prompt: str) -> List[dict]:
+    msgs = [{"role": "system", "content": system_prompt.strip()}] if system_prompt and system_prompt.strip() else []
+    for m in history:
+        if not is_stats(m):
+            msgs.append({"role": m["role"], "content": text_of(m["content"])})
+    return msgs
+
+
+def session_of(request: Optional[gr.Request]) -> str:
+    return getattr(request, "session_hash", None) or "local"
+
+
+class ChatHandlers:
+    def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL):
+        self.host = host
+        self.stops = stops
+        self.update_interval = update_interval
+
+    def key(self, request) -> str:
+        return f"{session_of(request)}:chat"
+
+    # --- un-queued steps (instant) ---------------------------------------------------
+    def submit(self, message: str, history, request: gr.Request = None) -> Tuple[str, List[dict]]:
+        history = clean_history(history)
+        if not message or not message.strip():
+            gr.Warning("Type a message first.")
+            return message or "", history
+        if self.stops.busy(self.key(request)):
+            gr.Warning("A reply is still being generated: wait for it or press Stop.")
+            return message, history
+        self.stops.arm(self.key(request))
+        return "", history + [{"role": "user", "content": block(message)}]
+
+    def prepare_regenerate(self, history, request: gr.Request = None) -> List[dict]:
+        history = clean_history(history)
+        while history and history[-1]["role"] != "user":
+            history.pop()
+        if not history:
+            gr.Warning("Nothing to regenerate yet.")
+        else:
+            self.stops.arm(self.key(request))
+        return history
+
+    def undo(self, history) -> Tuple[List[dict], str]:
+        """Remove the last exchange; its question goes back into the input box."""
+        history = clean_history(history)
+        last_user = max((i for i, m in enumerate(history) if m["role"] == "user"), default=None)
+        if last_user is None:
+            return [], ""
+        return history[:last_user], text_of(history[last_user]["content"])
+
+    def clear(self) -> Tuple[List[dict], str]:
+        return [], ""
+
+    def clear_and_stop(self, request: gr.Request = None) -> Tuple[List[dict], str]:
+        self.stop(request)
+        return self.clear()
+
+    def stop(self, request: gr.Request = None) -> None:
+        self.stops.stop(self.key(request))
+
+    # --- the queued, model-using step ------------------------------------------------
+    def respond(self, history, mode, system_prompt, temperature, top_p, top_k, min_p,
+                max_tokens, seed, depth, request: gr.Request = None) -> Iterator[List[dict]]:
+        """Stream the assistant's reply to the conversation, whose last message is the user's."""
+        history = clean_history(history)
+        key = self.key(request)
+        stop = self.stops.claim(key)
+        text, stats, stream = "", None, None
+        try:
+            try:
+                params = parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth,
+                                      max_depth=self.host.max_depth)
+            except ParamError as exc:
+                raise gr.Error(str(exc), title="Invalid setting") from None
+            mode = MODES.get(str(mode or "mtp").strip().lower())
+            if mode is None:
+                raise gr.Error("Mode must be 'mtp' or 'ar'.", title="Invalid setting")
+            if not history or history[-1]["role"] != "user":
+                yield history
+                return
+            if stop.is_set():     # stopped while waiting in the queue
+                yield history + [assistant("(stopped before it started)", title="⏹ stopped")]
+                return
+            ids = self.host.prompt_ids(prompt_messages(history, system_prompt))
+            stream = self.host.decoder(mode, params).stream(ids, max_tokens=params.max_tokens, stop=stop)
+            last = 0.0
+            for ev in stream:
+                text += ev.text
+                stats = ev.stats
+                now = time.monotonic()
+                if not ev.finished and now - last >= self.update_interval:
+                    last = now
+                    yield history + [assistant(text)]
+            out = history + [assistant(text)]
+            if stats is not None:
+                s = stats.as_dict()
+                if mode == "ar" and s.get("finish_reason") != "stopped":
+                    self.host.note_ar_speed(s.get("tokens_per_second", 0.0), s.get("generated_tokens", 0))
+                title, details = reply_stats(s, mode, self.host.ar_reference_tps, params.depth)
+                out.append(assistant(details, title=title, duration=round(s.get("compute_seconds") or 0.0, 3)))
+            yield out
+        except gr.Error:
+            raise
+        except Exception as exc:   # the request fails, the app keeps serving
+            gr.Warning(f"Generation failed: {exc}")
+            yield history + ([assistant(text)] if text else []) + [
+                assistant(f"{type(exc).__name__}: {exc}", title="⚠️ error")]
+        finally:
+            if stream is not None:
+                stream.close()
+            self.stops.release(key, stop)

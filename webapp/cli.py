@@ -1,0 +1,125 @@
+"""`mtp-chat` / `python -m webapp`: load the model once, then serve the web app.
+
+Defaults come from core.settings (environment ``MTP_CHAT_*`` or ``.env``); flags override.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional, Tuple
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no calls out, before gradio loads
+
+SHARE_NOTE = ("Public share links (gradio.live tunnels) need internet access and are not "
+              "available offline; use --lan (with --auth) to share on your local network.")
+
+
+def build_parser(defaults) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mtp-chat",
+        description="Local web chat for multi-token-prediction (MTP) speculative decoding on MLX.",
+        epilog="Every flag also reads MTP_CHAT_<NAME> from the environment (e.g. MTP_CHAT_AUTH=user:pass).")
+    p.add_argument("--model", default=str(defaults.model),
+                   help="checkpoint directory (default: the bundled demo model, %(default)s)")
+    p.add_argument("--host", default=defaults.host, help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=defaults.port, help="port (default %(default)s)")
+    p.add_argument("--lan", action="store_true", default=defaults.lan,
+                   help="listen on all interfaces and print the LAN URLs to open from other devices")
+    p.add_argument("--auth", default=defaults.auth, metavar="USER:PASS",
+                   help="require this user and password to open the app (default: $MTP_CHAT_AUTH)")
+    p.add_argument("--depth", default=str(defaults.depth),
+                   help="default MTP draft depth: 1..%d or 'auto' (default %%(default)s)" % defaults.max_depth)
+    p.add_argument("--share", action="store_true", help="(not available offline; explains why)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the short warm-up generation at start")
+    return p
+
+
+def parse_auth(value: Optional[str]) -> Optional[Tuple[str, str]]:
+    if not value:
+        return None
+    user, _, password = value.partition(":")
+    if not user or not password:
+        raise ValueError("--auth must look like USER:PASS")
+    return user, password
+
+
+def urls(host: str, port: int, lan: bool) -> Tuple[str, List[str]]:
+    from .netinfo import lan_urls
+
+    local = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    return local, (lan_urls(port) if lan or host in ("0.0.0.0", "") else [])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import adapters  # noqa: F401  - first: loads a fast BLAS ($MTP_CHAT_BLAS) before mlx is imported
+    from core.settings import get_settings
+
+    try:
+        base = get_settings()
+    except Exception as exc:   # a bad MTP_CHAT_* variable
+        print(f"mtp-chat: invalid setting in the environment: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser(base).parse_args(argv)
+    try:
+        settings = get_settings(model=args.model, host=args.host, port=args.port, lan=args.lan,
+                                auth=args.auth, depth=args.depth)
+        auth = parse_auth(settings.auth)
+    except Exception as exc:
+        print(f"mtp-chat: {exc}", file=sys.stderr)
+        return 2
+    if args.share:
+        print(f"mtp-chat: {SHARE_NOTE}")
+    host = "0.0.0.0" if settings.lan else settings.host
+    model_dir = settings.model
+    if not model_dir.is_dir():
+        print(f"mtp-chat: model directory not found: {model_dir}\n"
+              f"  Pass --model DIR (a Qwythos-layout checkpoint with optiq/mtp.safetensors).", file=sys.stderr)
+        return 2
+
+    from .model import ModelHost, describe_runtime
+    from .params import parse_params
+
+    runtime = describe_runtime()
+    print(f"mtp-chat: {runtime}", flush=True)
+    try:
+        host_model = ModelHost.load(model_dir, settings, log=lambda m: print(f"mtp-chat: {m}", flush=True))
+    except Exception as exc:
+        print(f"mtp-chat: could not load the model from {model_dir}: {exc}", file=sys.stderr)
+        return 1
+    print(f"mtp-chat: model: {host_model.description}", flush=True)
+    if not args.no_warmup:
+        print("mtp-chat: warming up ...", flush=True)
+        params = parse_params(settings.temperature, settings.top_p, settings.top_k, settings.min_p,
+                              16, settings.seed, settings.depth, max_depth=settings.max_depth)
+        host_model.warmup(params, log=lambda m: print(f"mtp-chat: {m}", flush=True))
+
+    from .app import build_app, launch
+
+    demo = build_app(host_model, runtime=runtime)
+    try:
+        _, local_url, _ = launch(demo, host=host, port=settings.port, auth=auth,
+                                 prevent_thread_lock=True, quiet=True)
+    except OSError as exc:
+        print(f"mtp-chat: cannot listen on {host}:{settings.port}: {exc}. Try --port.", file=sys.stderr)
+        return 1
+    port = demo.server_port or settings.port
+    local, lan = urls(host, port, settings.lan)
+    print(f"mtp-chat: open {local}", flush=True)
+    for u in lan:
+        print(f"mtp-chat: on your network: {u}", flush=True)
+    if host == "0.0.0.0" and not lan:
+        print("mtp-chat: listening on all interfaces, but no LAN address was found", flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and auth is None:
+        print("mtp-chat: WARNING: serving on the network without a password: anyone who can reach "
+              "this machine can use the app. Add --auth USER:PASS.", file=sys.stderr, flush=True)
+    if auth:
+        print(f"mtp-chat: sign-in required (user '{auth[0]}')", flush=True)
+    print("mtp-chat: press Ctrl+C to stop", flush=True)
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+    return 0

@@ -1,0 +1,94 @@
+"""The one loaded model the whole app shares, and the decoders made from it.
+
+The checkpoint path comes only from the command line (never from the UI). Model work is
+serialised by Gradio's queue (one ``concurrency_id`` for every event that decodes).
+Data flows webapp -> core -> adapters: nothing here imports mlx.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from .params import RunParams
+
+WARMUP_PROMPT = "Hello!"
+AR_REFERENCE_MIN_TOKENS = 8
+
+
+def describe_runtime() -> str:
+    """Device and BLAS, from the adapters' runtime probe when it exists."""
+    try:
+        from adapters.runtime import describe_runtime as probe
+    except ImportError:
+        return "device: unknown (adapters.runtime not available)"
+    try:
+        return str(probe())
+    except Exception as exc:  # a probe failure must not stop the app
+        return f"device: unknown ({exc})"
+
+
+class ModelHost:
+    """The loaded adapter plus the decoder factory, warm-up and a running AR speed reference."""
+
+    def __init__(self, adapter, settings, path: Optional[Path] = None):
+        self.adapter = adapter
+        self.settings = settings
+        self.path = Path(path) if path is not None else None
+        self.tokenizer = adapter.tokenizer
+        try:
+            self.description = str(adapter.describe())
+        except Exception:
+            self.description = str(self.path or "model")
+        self.max_depth = int(settings.max_depth)
+        self._lock = threading.Lock()
+        self._ar_tps: Optional[float] = None
+
+    @classmethod
+    def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
+        from adapters import load_adapter
+
+        path = Path(path)
+        log(f"Loading model from {path} ...")
+        t0 = time.perf_counter()
+        adapter = load_adapter(path, hidden_variant=settings.hidden_variant)
+        log(f"Loaded in {time.perf_counter() - t0:.1f} s")
+        return cls(adapter, settings, path)
+
+    # --- decoding -----------------------------------------------------------------
+    def decoder(self, mode: str, params: RunParams):
+        from core import AutoregressiveDecoder, SpeculativeDecoder
+
+        sampler = params.sampler()
+        if mode == "ar":
+            return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed)
+        return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth)
+
+    def prompt_ids(self, messages: List[dict]) -> List[int]:
+        from core import chat_prompt_ids
+
+        return list(chat_prompt_ids(self.adapter, messages))
+
+    def warmup(self, params: RunParams, tokens: int = 16, log: Callable[[str], None] = print) -> None:
+        """One short AR and MTP generation: compiles/caches kernels, measures the AR reference."""
+        ids = self.prompt_ids([{"role": "user", "content": WARMUP_PROMPT}])
+        t0 = time.perf_counter()
+        for mode in ("ar", "mtp"):
+            _, stats = self.decoder(mode, params).generate(ids, max_tokens=tokens)
+            if mode == "ar":
+                self.note_ar_speed(stats.tokens_per_second, stats.generated_tokens)
+        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s"
+            + (f" (AR {self._ar_tps:.1f} tok/s)" if self._ar_tps else ""))
+
+    # --- the AR speed the chat's speedup estimate compares against --------------------
+    def note_ar_speed(self, tokens_per_second: float, tokens: int) -> None:
+        if tokens < AR_REFERENCE_MIN_TOKENS or not tokens_per_second or tokens_per_second <= 0:
+            return
+        with self._lock:
+            old = self._ar_tps
+            self._ar_tps = tokens_per_second if old is None else 0.7 * old + 0.3 * tokens_per_second
+
+    @property
+    def ar_reference_tps(self) -> Optional[float]:
+        return self._ar_tps

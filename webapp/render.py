@@ -1,0 +1,262 @@
+"""Pure rendering: race lanes (HTML with tokens coloured by origin), race stats, the
+tokens-over-time chart (inline SVG), and the per-reply stats line of the chat.
+
+Inputs are plain data; nothing here runs a model or touches Gradio.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# origin -> (css class, background, legend label)
+ORIGINS: Dict[str, Tuple[str, str, str]] = {
+    "draft": ("tok-draft", "rgba(34,197,94,0.32)", "accepted draft (MTP guess, verified free)"),
+    "bonus": ("tok-bonus", "rgba(59,130,246,0.30)", "bonus (every draft accepted)"),
+    "correction": ("tok-correction", "rgba(249,115,22,0.38)", "correction (draft rejected, resampled)"),
+    "target": ("tok-target", "transparent", "target-sampled"),
+}
+LANE_COLORS = {"ar": "#64748b", "mtp": "#16a34a"}
+
+CSS = """
+.race-lane { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px;
+  min-height: 220px; background: var(--background-fill-secondary); }
+.race-lane .lane-head { display: flex; flex-wrap: wrap; gap: 6px 12px; align-items: baseline;
+  margin-bottom: 6px; font-size: 0.95em; }
+.race-lane .lane-meta { opacity: 0.8; font-variant-numeric: tabular-nums; }
+.race-lane .lane-text { white-space: pre-wrap; word-break: break-word; line-height: 1.55;
+  font-family: var(--font-mono); font-size: 0.9em; max-height: 420px; overflow-y: auto; }
+.race-lane .tok { border-radius: 3px; }
+.race-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 0.85em; margin-top: 8px; }
+.race-legend .swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 3px;
+  vertical-align: -0.1em; margin-right: 4px; border: 1px solid var(--border-color-primary); }
+.race-stats table { width: 100%; border-collapse: collapse; font-variant-numeric: tabular-nums; }
+.race-stats th, .race-stats td { padding: 4px 8px; border-bottom: 1px solid var(--border-color-primary);
+  text-align: right; }
+.race-stats th:first-child, .race-stats td:first-child { text-align: left; }
+.race-stats .speedup { font-size: 1.25em; font-weight: 600; margin: 6px 0; }
+.race-chart svg { width: 100%; height: auto; max-height: 300px; }
+.mtp-banner { font-size: 0.9em; opacity: 0.85; }
+@media (max-width: 640px) { .race-lane { min-height: 120px; } .race-lane .lane-text { max-height: 260px; } }
+"""
+
+
+@dataclass
+class LaneView:
+    """One lane as shown at a moment (everything on the lane's own clock)."""
+
+    key: str                      # "ar" | "mtp"
+    title: str
+    segments: List[Tuple[str, Optional[str]]] = field(default_factory=list)  # (text, origin)
+    tokens: int = 0
+    clock: float = 0.0            # own compute seconds shown
+    ttft: Optional[float] = None
+    tokens_per_second: float = 0.0
+    finished: bool = False
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+    acceptance: Optional[float] = None
+    acceptance_per_depth: Optional[List[float]] = None
+    tokens_per_cycle: Optional[float] = None
+    depth: Optional[object] = None
+    mtp_active: Optional[bool] = None
+    points: List[Tuple[float, int]] = field(default_factory=list)  # (own clock, tokens)
+
+
+def esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def fmt_s(x: Optional[float]) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def fmt_pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def legend_html() -> str:
+    items = "".join(
+        f'<span class="legend-item"><span class="swatch {cls}" style="background:{bg}"></span>{esc(label)}</span>'
+        for cls, bg, label in ORIGINS.values()
+    )
+    return f'<div class="race-legend" id="race-legend">{items}</div>'
+
+
+def _segments_html(segments: Sequence[Tuple[str, Optional[str]]], coloured: bool) -> str:
+    if not coloured:
+        return esc("".join(t for t, _ in segments))
+    out = []
+    for text, origin in segments:
+        if not text:
+            continue
+        cls, bg, _ = ORIGINS.get(origin or "target", ORIGINS["target"])
+        if origin in (None, "target"):
+            out.append(f'<span class="tok {cls}">{esc(text)}</span>')
+        else:
+            out.append(f'<span class="tok {cls}" style="background:{bg}">{esc(text)}</span>')
+    return "".join(out)
+
+
+def lane_html(v: LaneView, coloured: bool = False, legend: bool = False) -> str:
+    state = "error" if v.error else ("done" if v.finished else ("running" if v.tokens or v.clock else "idle"))
+    meta = [f"{v.tokens} tokens", f"{v.tokens_per_second:.1f} tok/s", f"TTFT {fmt_s(v.ttft)}",
+            f"own clock {fmt_s(v.clock)}"]
+    if v.acceptance is not None:
+        meta.append(f"acceptance {fmt_pct(v.acceptance)}")
+    if v.finish_reason:
+        meta.append(v.finish_reason)
+    body = _segments_html(v.segments, coloured)
+    if v.error:
+        body += f'<div class="lane-error">⚠️ {esc(v.error)}</div>'
+    if not body:
+        body = '<span class="lane-empty">waiting…</span>'
+    return (
+        f'<div class="race-lane" data-lane="{v.key}" data-state="{state}" data-tokens="{v.tokens}">'
+        f'<div class="lane-head"><b>{esc(v.title)}</b><span class="lane-meta">{esc(" · ".join(meta))}</span></div>'
+        f'<div class="lane-text">{body}</div>'
+        f'{legend_html() if legend else ""}</div>'
+    )
+
+
+def empty_lane_html(key: str, title: str, legend: bool = False) -> str:
+    return lane_html(LaneView(key=key, title=title), coloured=legend, legend=legend)
+
+
+def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
+                    runs: Sequence[float] = (), repeats: int = 1, note: str = "") -> str:
+    def row(name, a, m):
+        return f"<tr><td>{esc(name)}</td><td>{esc(a)}</td><td>{esc(m)}</td></tr>"
+
+    depth = mtp.depth if mtp.depth is not None else "–"
+    per_depth = " / ".join(fmt_pct(x) for x in (mtp.acceptance_per_depth or [])) or "–"
+    rows = [
+        row("tokens", str(ar.tokens), str(mtp.tokens)),
+        row("own compute time", fmt_s(ar.clock), fmt_s(mtp.clock)),
+        row("tok/s (decode, own clock)", f"{ar.tokens_per_second:.1f}", f"{mtp.tokens_per_second:.1f}"),
+        row("time to first token", fmt_s(ar.ttft), fmt_s(mtp.ttft)),
+        row("acceptance rate", "–", fmt_pct(mtp.acceptance)),
+        row("acceptance per depth", "–", per_depth),
+        row("tokens per cycle", "1", "–" if mtp.tokens_per_cycle is None else f"{mtp.tokens_per_cycle:.2f}"),
+        row("draft depth", "–", str(depth) + ("" if mtp.mtp_active in (None, True) else " (MTP priced out: plain AR)")),
+    ]
+    head = "<tr><th></th><th>AR</th><th>MTP</th></tr>"
+    sp = "–" if speedup is None else f"{speedup:.2f}×"
+    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">Speedup (MTP vs AR tok/s): {sp}</div>']
+    if runs:
+        med = median(runs)
+        lines.append(
+            f'<div class="repeats" data-median="{med:.4f}">Runs {len(runs)}/{repeats}: '
+            + ", ".join(f"{r:.2f}×" for r in runs) + f" — median <b>{med:.2f}×</b></div>")
+    if note:
+        lines.append(f'<div class="race-note">{esc(note)}</div>')
+    return (f'<div class="race-stats" id="race-stats-body">{"".join(lines)}'
+            f'<table>{head}{"".join(rows)}</table></div>')
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _nice_step(span: float, n: int = 5) -> float:
+    if span <= 0:
+        return 1.0
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
+              width: int = 640, height: int = 260) -> str:
+    """Tokens over own-clock seconds, one step line per lane: [(label, colour, points)]."""
+    left, right, top, bottom = 48, 12, 12, 36
+    pw, ph = width - left - right, height - top - bottom
+    xmax = max([p[0] for _, _, pts in series for p in pts] + [0.0]) or 1.0
+    ymax = max([p[1] for _, _, pts in series for p in pts] + [0]) or 1
+    xs, ys = _nice_step(xmax), _nice_step(ymax)
+    xmax, ymax = math.ceil(xmax / xs) * xs, math.ceil(ymax / ys) * ys
+
+    def X(t):
+        return left + pw * t / xmax
+
+    def Y(n):
+        return top + ph * (1 - n / ymax)
+
+    parts = [f'<svg viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" role="img" '
+             f'aria-label="tokens over own-clock time" font-size="11" fill="currentColor">']
+    k = 0
+    while k * ys <= ymax + 1e-9:
+        y = Y(k * ys)
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="currentColor" stroke-opacity="0.12"/>'
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{k * ys:g}</text>')
+        k += 1
+    k = 0
+    while k * xs <= xmax + 1e-9:
+        x = X(k * xs)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="currentColor" stroke-opacity="0.12"/>'
+                     f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{k * xs:g}</text>')
+        k += 1
+    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle">own compute time (s)</text>'
+                 f'<text x="12" y="{top + ph / 2:.1f}" text-anchor="middle" transform="rotate(-90 12 {top + ph / 2:.1f})">tokens</text>')
+    for i, (label, colour, pts) in enumerate(series):
+        if pts:
+            d, prev = [f"M{X(0):.1f},{Y(0):.1f}"], 0
+            for t, n in pts:
+                d.append(f"L{X(t):.1f},{Y(prev):.1f}L{X(t):.1f},{Y(n):.1f}")
+                prev = n
+            parts.append(f'<path d="{"".join(d)}" fill="none" stroke="{colour}" stroke-width="2.2" data-series="{esc(label)}"/>')
+        lx = left + 10 + i * 150
+        parts.append(f'<rect x="{lx}" y="{top + 4}" width="12" height="4" fill="{colour}"/>'
+                     f'<text x="{lx + 16}" y="{top + 10}">{esc(label)}</text>')
+    parts.append("</svg>")
+    return f'<div class="race-chart">{"".join(parts)}</div>'
+
+
+def reply_stats(stats: dict, mode: str, ar_reference_tps: Optional[float],
+                depth: object = 1) -> Tuple[str, str]:
+    """(title, details markdown) for a chat reply's stats message."""
+    tps = stats.get("tokens_per_second", 0.0) or 0.0
+    bits = [mode.upper(), f"{stats.get('generated_tokens', 0)} tokens", f"{tps:.1f} tok/s",
+            f"TTFT {fmt_s(stats.get('time_to_first_token'))}"]
+    speedup = None
+    if mode == "mtp":
+        if stats.get("proposed"):
+            bits.append(f"acceptance {fmt_pct(stats.get('acceptance_rate'))}")
+        priced_out = depth == "auto" and not stats.get("mtp_active", True)
+        if priced_out:
+            bits.append("MTP priced out")
+        if ar_reference_tps and tps:
+            speedup = tps / ar_reference_tps
+            bits.append(f"≈{speedup:.2f}× vs AR")
+    if stats.get("finish_reason") == "stopped":
+        bits.append("stopped")
+    details = [
+        f"- generated tokens: {stats.get('generated_tokens', 0)} (prompt {stats.get('prompt_tokens', 0)})",
+        f"- decode speed: {tps:.1f} tok/s; time to first token {fmt_s(stats.get('time_to_first_token'))}",
+        f"- target forwards: {stats.get('target_forwards', 0)}; cycles: {stats.get('cycles', 0)}",
+    ]
+    if mode == "mtp":
+        per_depth = " / ".join(fmt_pct(x) for x in stats.get("acceptance_per_depth") or []) or "–"
+        details += [
+            f"- draft depth: {depth if depth != 'auto' else 'auto, last cycle ' + str(stats.get('depth'))}"
+            f"{' (priced out: plain AR steps)' if priced_out else ''}; acceptance {fmt_pct(stats.get('acceptance_rate'))} "
+            f"({stats.get('accepted', 0)}/{stats.get('proposed', 0)}), per depth {per_depth}",
+            f"- tokens per cycle: {stats.get('tokens_per_cycle', 0.0):.2f}",
+        ]
+        if speedup is not None:
+            details.append(f"- speedup estimate: ≈{speedup:.2f}× against this server's measured AR speed "
+                           f"({ar_reference_tps:.1f} tok/s); run the Race tab for a fair side-by-side figure")
+        if stats.get("predicted_speedup"):
+            details.append(f"- cost model predicts: {stats['predicted_speedup']:.2f}×")
+    details.append(f"- finish: {stats.get('finish_reason')}")
+    return " · ".join(bits), "\n".join(details)

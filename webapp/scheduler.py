@@ -1,0 +1,120 @@
+"""Fair time-sharing of one device between race lanes.
+
+Each lane wraps a stream generator and times every ``next()`` of it on its own clock
+(``perf_counter`` around the call), so a lane is never charged for the other's work.
+The scheduler always advances the lane whose own clock is behind. At a snapshot, the
+shared time ``t`` is the clock of the lane that is behind (every unfinished lane has had
+at least ``t`` seconds of compute), and each lane is shown with exactly the events it had
+committed by ``t`` on its own clock: on screen both lanes have had the same compute time.
+
+Nothing here knows about models or Gradio: lanes are any iterators of events.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+
+@dataclass
+class TimedLane:
+    """One lane: an iterator advanced one event at a time, timed on its own clock."""
+
+    name: str
+    stream: Iterator[Any]
+    clock: float = 0.0                       # own accumulated compute seconds
+    steps: int = 0
+    done: bool = False
+    error: Optional[BaseException] = None
+    events: List[Tuple[float, Any]] = field(default_factory=list)  # (own clock at commit, record)
+    timer: Callable[[], float] = time.perf_counter
+    # What to keep of each event (called off the clock): engines reuse one mutable stats
+    # object, so a lane that needs per-event stats copies them here.
+    record: Callable[[Any], Any] = lambda ev: ev
+
+    def step(self) -> None:
+        """Advance by one event; the time spent inside ``next()`` is added to the clock."""
+        if self.done:
+            return
+        t0 = self.timer()
+        try:
+            ev = next(self.stream)
+        except StopIteration:
+            ev = None
+            self.done = True
+        except Exception as exc:  # a failing lane stops; the caller reports it
+            ev = None
+            self.done = True
+            self.error = exc
+        self.clock += self.timer() - t0
+        self.steps += 1
+        if ev is not None:
+            self.events.append((self.clock, self.record(ev)))
+            if getattr(ev, "finished", False):
+                self.done = True
+
+    def events_until(self, t: float) -> List[Any]:
+        """The events this lane had committed by own-clock time ``t``."""
+        return [ev for (c, ev) in self.events if c <= t]
+
+    def close(self) -> None:
+        close = getattr(self.stream, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
+
+
+@dataclass
+class Snapshot:
+    """What to show: the shared compute time and, per lane, its events committed by then."""
+
+    t: float
+    lanes: Sequence[TimedLane]
+    final: bool
+
+    def view(self, i: int) -> List[Any]:
+        return self.lanes[i].events_until(self.t)
+
+    def clock(self, i: int) -> float:
+        """Own compute time lane ``i`` is shown at (its final clock once it has finished)."""
+        return min(self.lanes[i].clock, self.t)
+
+
+def shared_time(lanes: Sequence[TimedLane]) -> float:
+    """The time every lane has had: the clock of the unfinished lane that is behind,
+    or the largest clock once all are done."""
+    running = [l.clock for l in lanes if not l.done]
+    if running:
+        return min(running)
+    return max((l.clock for l in lanes), default=0.0)
+
+
+def run_fair(
+    lanes: Sequence[TimedLane],
+    update_interval: float = 0.1,
+    stop: Optional[threading.Event] = None,
+    wall: Callable[[], float] = time.monotonic,
+) -> Iterator[Snapshot]:
+    """Advance ``lanes`` fairly; yield a :class:`Snapshot` at most every ``update_interval``
+    wall seconds and always once at the end. Closing this generator (or setting ``stop``)
+    closes every lane's stream."""
+    last = wall()
+    try:
+        while True:
+            running = [l for l in lanes if not l.done]
+            if not running or (stop is not None and stop.is_set()):
+                break
+            lane = min(running, key=lambda l: l.clock)   # ties: the first listed
+            lane.step()
+            now = wall()
+            if now - last >= update_interval:
+                last = now
+                yield Snapshot(shared_time(lanes), lanes, final=False)
+        yield Snapshot(shared_time(lanes), lanes, final=True)
+    finally:
+        for l in lanes:
+            if not l.done:
+                l.close()

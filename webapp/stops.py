@@ -1,0 +1,76 @@
+"""Per-session stop events: the Stop button and closing the tab set the engine's stop event.
+
+A request is *armed* when it is submitted (the un-queued first step of the chain), so a
+Stop pressed while the request still waits in the model queue stops it as soon as it
+starts; the queued step then *claims* that event. Requests that arrive without the armed
+step (API clients) claim a fresh event. Stop after a request has finished does nothing.
+Keys are ``"<session>:<lane>"`` (one per tab: chat, race), so one tab's Stop never stops
+the other's request.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class _Entry:
+    event: threading.Event = field(default_factory=threading.Event)
+    claimed: bool = False
+
+
+class StopRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: Dict[str, _Entry] = {}
+
+    def arm(self, session: Optional[str]) -> threading.Event:
+        with self._lock:
+            entry = _Entry()
+            self._current[session or ""] = entry
+            return entry.event
+
+    def claim(self, session: Optional[str]) -> threading.Event:
+        with self._lock:
+            key = session or ""
+            entry = self._current.get(key)
+            if entry is None or entry.claimed:
+                entry = _Entry()
+                self._current[key] = entry
+            entry.claimed = True
+            return entry.event
+
+    def stop(self, session: Optional[str]) -> bool:
+        """Set the session's current stop event; True if there was one to set."""
+        with self._lock:
+            entry = self._current.get(session or "")
+            if entry is None:
+                return False
+            entry.event.set()
+            return True
+
+    def stop_session(self, session: Optional[str]) -> int:
+        """Set every stop event of a session (all its tabs' keys ``session:...``): tab closed."""
+        prefix = (session or "") + ":"
+        with self._lock:
+            hits = [e for k, e in self._current.items() if k.startswith(prefix)]
+            for e in hits:
+                e.event.set()
+            return len(hits)
+
+    def release(self, session: Optional[str], event: threading.Event) -> None:
+        with self._lock:
+            key = session or ""
+            entry = self._current.get(key)
+            if entry is not None and entry.event is event:
+                del self._current[key]
+
+    def busy(self, session: Optional[str]) -> bool:
+        """True while a request of this key is armed (queued) or running."""
+        with self._lock:
+            return (session or "") in self._current
+
+    def active(self) -> int:
+        with self._lock:
+            return sum(1 for e in self._current.values() if e.claimed)
