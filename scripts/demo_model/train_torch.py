@@ -1,0 +1,437 @@
+"""Stage 'train': PyTorch training of the demo trunk + MTP head (GPU, or slowly on CPU).
+
+The trunk is Hugging Face `Qwen3_5ForCausalLM` (tied embeddings).  The MTP head uses the
+Qwythos tensor names (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.norm,
+mtp.layers.0 = a full-attention Qwen3_5DecoderLayer) and HF's zero-centred RMSNorm (1 + w),
+so the stored norms are zero-centred exactly like Qwythos' sidecar.
+
+Losses (per batch of packed token windows):
+  main   CE(trunk logits[t], x[t+1])
+  mtp d  CE(q_d[t], x[t+1+d]), depth d = 1..K, head applied recursively: depth 1 reads the
+         trunk hidden at t and embed(x[t+1]); depth d>1 reads g = norm(x) of depth d-1 and
+         embed(x[t+d]), and its attention sees the depth-1 entries at positions <= t (the
+         trunk-filled MTP cache at inference) plus its own chain -- exactly the inference cache.
+  distill KL(p_trunk || q_d) with p_trunk = softmax(trunk logits at t+d) (detached): the head
+         is fitted to the trunk's own distribution, which is what acceptance sum_x min(p, q)
+         rewards.
+The acceptance probe samples the trunk's own replies to held-out prompts and measures
+mean_x-positions sum_x min(p(x), q(x)) with the same sampler filter on p and q, per depth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformers.models.qwen3_5 import modeling_qwen3_5 as M
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+EOS = 2  # <|im_end|>
+PAD = 0  # <|endoftext|>
+
+
+# ----------------------------------------------------------------------------------- model
+
+
+class MTPHead(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        H = cfg.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.pre_fc_norm_embedding = M.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = M.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.norm = M.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+        li = cfg.layer_types.index("full_attention")
+        self.layers = nn.ModuleList([M.Qwen3_5DecoderLayer(cfg, layer_idx=li)])
+
+
+class DemoModel(nn.Module):
+    def __init__(self, text_config: dict, hidden_variant="post_norm", attn_impl="sdpa"):
+        super().__init__()
+        tc = {k: v for k, v in text_config.items() if k not in ("model_type",)}
+        cfg = Qwen3_5TextConfig(**tc)
+        cfg._attn_implementation = attn_impl
+        self.cfg = cfg
+        self.lm = M.Qwen3_5ForCausalLM(cfg)
+        self.lm.lm_head.weight = self.lm.model.embed_tokens.weight  # tied
+        self.mtp = MTPHead(cfg)
+        self.hidden_variant = hidden_variant
+        self._pre = None
+        if hidden_variant == "pre_norm":
+            self.lm.model.norm.register_forward_hook(self._hook)
+        self._init_mtp()
+
+    def _hook(self, mod, inp, out):
+        self._pre = inp[0]
+
+    def _init_mtp(self):
+        std = self.cfg.initializer_range
+        for n, p in self.mtp.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=std)
+            elif "norm" in n:
+                nn.init.zeros_(p)  # zero-centred: applied as 1 + w
+
+    def trunk(self, ids):
+        out = self.lm.model(input_ids=ids, use_cache=False)
+        post = out.last_hidden_state
+        hidden = self._pre if self.hidden_variant == "pre_norm" else post
+        logits = self.lm.lm_head(post)
+        return logits, hidden
+
+    def mtp_chain(self, hidden, ids, depth):
+        """q logits per depth.  hidden [B,T,H], ids [B,T].  Item i (0..N-1, N=T-1) at depth d
+        reads token ids[i+d] (padded with PAD past the end) and predicts ids[i+1+d]."""
+        B, T, H = hidden.shape
+        N = T - 1
+        dev = hidden.device
+        emb = self.lm.model.embed_tokens
+        ids_p = torch.cat([ids, torch.full((B, depth), PAD, dtype=ids.dtype, device=dev)], 1)
+        mtp = self.mtp
+        layer = mtp.layers[0]
+        rot = self.lm.model.rotary_emb
+        inputs = []  # per depth: fc output [B,N,H]
+        outs = []
+        prev_h = hidden[:, :N]
+        for d in range(1, depth + 1):
+            e = mtp.pre_fc_norm_embedding(emb(ids_p[:, d: d + N]))
+            h = mtp.pre_fc_norm_hidden(prev_h)
+            x = mtp.fc(torch.cat([e, h], -1))
+            inputs.append(x)
+            xs = torch.cat(inputs, 1)  # [B, d*N, H]
+            pos = torch.cat([torch.arange(N, device=dev) + a for a in range(d)])[None].expand(B, -1)
+            pe = rot(xs, pos)
+            if d == 1:
+                mask = None  # plain causal
+            else:
+                mask = chain_mask(N, d, dev)[None, None]
+            y = layer(xs, position_embeddings=pe, attention_mask=mask, position_ids=pos)
+            y = y[:, (d - 1) * N:]
+            g = mtp.norm(y)
+            outs.append(self.lm.lm_head(g))
+            prev_h = g
+        return outs
+
+
+_MASKS = {}
+
+
+def chain_mask(N, d, dev):
+    """Bool [d*N, d*N]: entry (a, i) sees (0, j<=i) and (b, i) for 1<=b<=a."""
+    key = (N, d, str(dev))
+    if key not in _MASKS:
+        i = torch.arange(N, device=dev)
+        m = torch.zeros(d * N, d * N, dtype=torch.bool, device=dev)
+        causal = i[None, :] <= i[:, None]
+        for a in range(d):
+            m[a * N:(a + 1) * N, :N] = causal
+            for b in range(1, a + 1):
+                m[a * N + i, b * N + i] = True
+        _MASKS[key] = m
+    return _MASKS[key]
+
+
+# ----------------------------------------------------------------------------------- sampling
+
+
+def filter_probs(logits, temp, top_k, top_p):
+    """The sampler's distribution: temperature, then top-k, then top-p (renormalised).
+    temp == 0 -> one-hot argmax."""
+    logits = logits.float()
+    if temp <= 0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / temp
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if top_p < 1.0:
+        sp, si = torch.sort(probs, dim=-1, descending=True)
+        cum = sp.cumsum(-1)
+        drop = (cum - sp) >= top_p
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, si, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@torch.no_grad()
+def generate(model, prompts, temp, top_k=20, top_p=0.95, max_new=128, batch=128, seed=0):
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    replies = []
+    for s in range(0, len(prompts), batch):
+        chunk = prompts[s: s + batch]
+        seqs = [list(p) for p in chunk]
+        done = [False] * len(seqs)
+        for _ in range(max_new):
+            L = max(len(x) for x in seqs)
+            ids = torch.full((len(seqs), L), PAD, dtype=torch.long, device=dev)
+            for j, x in enumerate(seqs):
+                ids[j, : len(x)] = torch.tensor(x, device=dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                logits, _ = model.trunk(ids)
+            last = torch.tensor([len(x) - 1 for x in seqs], device=dev)
+            lg = logits[torch.arange(len(seqs), device=dev), last]
+            probs = filter_probs(lg, temp, top_k, top_p)
+            nxt = torch.multinomial(probs, 1, generator=g).squeeze(-1).tolist()
+            for j, t in enumerate(nxt):
+                if not done[j]:
+                    seqs[j].append(t)
+                    if t == EOS:
+                        done[j] = True
+            if all(done):
+                break
+        replies += [x[len(p):] for x, p in zip(seqs, chunk)]
+    return replies
+
+
+@torch.no_grad()
+def acceptance(model, prompts, replies, temp, depth=3, top_k=20, top_p=0.95, batch=64, kinds=None):
+    """Per-depth mean over reply positions of sum_x min(p(x), q(x)) (teacher-forced on the
+    model's own replies; depth d is conditional on the earlier drafts being accepted)."""
+    dev = next(model.parameters()).device
+    tot = np.zeros(depth)
+    cnt = np.zeros(depth)
+    per_kind = {}
+    for s in range(0, len(prompts), batch):
+        P, R = prompts[s: s + batch], replies[s: s + batch]
+        seqs = [list(p) + list(r) for p, r in zip(P, R)]
+        L = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), L), PAD, dtype=torch.long, device=dev)
+        for j, x in enumerate(seqs):
+            ids[j, : len(x)] = torch.tensor(x, device=dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            logits, hidden = model.trunk(ids)
+            qs = model.mtp_chain(hidden, ids, depth)
+        for d in range(1, depth + 1):
+            # item i predicts token i+1+d; p = trunk logits at i+d
+            N = L - 1
+            q = filter_probs(qs[d - 1][:, : N - d], temp, top_k, top_p)
+            p = filter_probs(logits[:, d: N], temp, top_k, top_p)
+            acc = torch.minimum(p, q).sum(-1)  # [B, N-d]
+            tgt = torch.arange(N - d, device=dev) + 1 + d
+            for j, (pp, x) in enumerate(zip(P, seqs)):
+                # count predicted tokens from the 2nd reply token on (the 1st comes from prefill)
+                valid = (tgt >= len(pp) + 1) & (tgt < len(x))
+                a = acc[j][valid]
+                tot[d - 1] += a.sum().item()
+                cnt[d - 1] += valid.sum().item()
+                if kinds is not None:
+                    k = kinds[s + j]
+                    pk = per_kind.setdefault(k, np.zeros((2, depth)))
+                    pk[0, d - 1] += a.sum().item()
+                    pk[1, d - 1] += valid.sum().item()
+    res = {f"d{d + 1}": round(float(tot[d] / max(cnt[d], 1)), 4) for d in range(depth)}
+    res["positions"] = int(cnt[0])
+    if kinds is not None:
+        res["by_kind_d1"] = {k: round(float(v[0, 0] / max(v[1, 0], 1)), 3) for k, v in per_kind.items()}
+    return res
+
+
+# ----------------------------------------------------------------------------------- training
+
+
+def batches(tokens, batch, seq, rng):
+    n = len(tokens) - seq - 1
+    while True:
+        starts = rng.integers(0, n, batch)
+        x = np.stack([tokens[s: s + seq] for s in starts]).astype(np.int64)
+        yield torch.from_numpy(x)
+
+
+def losses(model, ids, depth, mtp_w, distill, depth_w):
+    logits, hidden = model.trunk(ids)
+    V = logits.shape[-1]
+    main = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), ids[:, 1:].reshape(-1))
+    qs = model.mtp_chain(hidden, ids, depth)
+    T = ids.shape[1]
+    N = T - 1
+    out = {"main": main}
+    total = main
+    for d in range(1, depth + 1):
+        q = qs[d - 1][:, : N - d].float()  # predicts ids[i+1+d]
+        tgt = ids[:, 1 + d:]
+        ce = F.cross_entropy(q.reshape(-1, V), tgt.reshape(-1))
+        lt = ce
+        if distill > 0:
+            p = logits[:, d:N].detach().float()
+            kl = F.kl_div(F.log_softmax(q, -1), F.log_softmax(p, -1), log_target=True, reduction="none").sum(-1).mean()
+            lt = (1 - distill) * ce + distill * kl
+            out[f"kl{d}"] = kl
+        w = mtp_w if d == 1 else mtp_w * depth_w
+        total = total + w * lt
+        out[f"mtp{d}"] = ce
+    out["total"] = total
+    return out
+
+
+def save_state(model, path_prefix, max_shard_bytes=15 * 2**20):
+    from safetensors.torch import save_file
+
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k == "lm.lm_head.weight":
+            continue
+        k2 = k[len("lm."):] if k.startswith("lm.") else k
+        sd[k2] = v.detach().to(torch.bfloat16).contiguous().cpu()
+    shards, cur, size = [], {}, 0
+    for k, v in sd.items():
+        b = v.numel() * 2
+        if cur and size + b > max_shard_bytes:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[k] = v
+        size += b
+    shards.append(cur)
+    files = []
+    for i, s in enumerate(shards):
+        fn = f"{path_prefix}-{i:02d}.safetensors"
+        save_file(s, fn)
+        files.append(fn)
+    return files
+
+
+def load_state(model, prefix):
+    from safetensors.torch import load_file
+    import glob
+
+    sd = {}
+    for fn in sorted(glob.glob(f"{prefix}-*.safetensors")):
+        sd.update(load_file(fn))
+    own = model.state_dict()
+    new = {}
+    for k, v in sd.items():
+        k2 = k if k.startswith("mtp.") else "lm." + k
+        new[k2] = v.to(own[k2].dtype)
+    missing, unexpected = model.load_state_dict(new, strict=False)
+    missing = [m for m in missing if m != "lm.lm_head.weight"]
+    assert not missing and not unexpected, (missing, unexpected)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="artifacts/demo/data")
+    ap.add_argument("--out", default="artifacts/demo/run")
+    ap.add_argument("--name", default="run")
+    ap.add_argument("--text-config", required=True, help="JSON file with the text_config")
+    ap.add_argument("--variant", default="post_norm", choices=["post_norm", "pre_norm"])
+    ap.add_argument("--seconds", type=float, default=300)
+    ap.add_argument("--max-steps", type=int, default=10**9)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--wd", type=float, default=0.05)
+    ap.add_argument("--depth", type=int, default=2, help="MTP depths trained (1 = plain MTP)")
+    ap.add_argument("--mtp-w", type=float, default=1.0)
+    ap.add_argument("--depth-w", type=float, default=0.5, help="weight of depth>1 relative to depth 1")
+    ap.add_argument("--distill", type=float, default=0.5, help="fraction of the MTP loss that is KL to the trunk")
+    ap.add_argument("--head-only", action="store_true", help="freeze the trunk, train the MTP head only")
+    ap.add_argument("--resume", default=None, help="prefix of saved shards to start from")
+    ap.add_argument("--eval-prompts", type=int, default=200)
+    ap.add_argument("--eval-depth", type=int, default=3)
+    ap.add_argument("--eval-max-new", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None)
+    a = ap.parse_args()
+
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(a.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tc = json.loads(Path(a.text_config).read_text())
+    model = DemoModel(tc, a.variant).to(dev)
+    if a.resume:
+        load_state(model, a.resume)
+    n_par = sum(p.numel() for p in model.parameters())
+    log = open(out / f"{a.name}.log", "a")
+
+    def P(*x):
+        s = " ".join(str(y) for y in x)
+        print(f"[{a.name}] {s}", flush=True)
+        log.write(s + "\n")
+        log.flush()
+
+    P("params", n_par, "device", dev, vars(a))
+    tokens = np.load(Path(a.data) / "train_tokens.npy")
+    evalp = json.loads((Path(a.data) / "eval_prompts.json").read_text())[: a.eval_prompts]
+    rng = np.random.default_rng(a.seed)
+    if a.head_only:
+        for p in model.lm.parameters():
+            p.requires_grad_(False)
+        params = list(model.mtp.parameters())
+    else:
+        params = [p for p in model.parameters()]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
+    it = batches(tokens, a.batch, a.seq, rng)
+    t0 = time.time()
+    step = 0
+    seen = 0
+    est_total = None
+    model.train()
+    while True:
+        el = time.time() - t0
+        if el > a.seconds or step >= a.max_steps:
+            break
+        # time-based cosine schedule
+        frac = min(1.0, el / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids = next(it).to(dev, non_blocking=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            L = losses(model, ids, a.depth, a.mtp_w, a.distill, a.depth_w)
+        opt.zero_grad(set_to_none=True)
+        L["total"].backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        seen += ids.numel()
+        if step % 100 == 0 or step == 1:
+            P(f"step {step} t={el:.0f}s tok={seen / 1e6:.1f}M tok/s={seen / max(el, 1e-9):.0f} lr={lr:.2e} " +
+              " ".join(f"{k}={v.item():.3f}" for k, v in L.items()))
+    P(f"trained {step} steps, {seen / 1e6:.1f}M tokens in {time.time() - t0:.0f}s")
+    model.eval()
+    files = save_state(model, str(out / a.name))
+    P("saved", files)
+    # held-out loss
+    res = {"name": a.name, "steps": step, "tokens_M": round(seen / 1e6, 1), "params": n_par,
+           "train_seconds": round(time.time() - t0), "args": vars(a)}
+    with torch.no_grad():
+        ids = next(batches(tokens, 32, a.seq, np.random.default_rng(12345))).to(dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            L = losses(model, ids, a.eval_depth, 1.0, 0.5, 1.0)
+        res["loss"] = {k: round(v.item(), 4) for k, v in L.items()}
+    prompts = [e["ids"] for e in evalp]
+    kinds = [e["kind"] for e in evalp]
+    te = time.time()
+    for temp in (0.6, 0.0):
+        replies = generate(model, prompts, temp, max_new=a.eval_max_new, seed=a.seed)
+        acc = acceptance(model, prompts, replies, temp, depth=a.eval_depth, kinds=kinds)
+        res[f"accept_T{temp}"] = acc
+        res[f"mean_reply_tokens_T{temp}"] = round(float(np.mean([len(r) for r in replies])), 1)
+        if temp == 0.6:
+            res["samples"] = [{"prompt": e["prompt"], "reply_ids": r} for e, r in zip(evalp[:40], replies[:40])]
+        P(f"T={temp} acceptance {acc}")
+    res["eval_seconds"] = round(time.time() - te)
+    (out / f"{a.name}.json").write_text(json.dumps(res))
+    P("done", json.dumps({k: v for k, v in res.items() if k not in ("samples", "args")}))
+
+
+if __name__ == "__main__":
+    main()
