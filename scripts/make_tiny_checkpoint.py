@@ -173,11 +173,14 @@ def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict:
     js = _train_tokenizer_json(vocab_size)
     (out / "tokenizer.json").write_text(js)
     ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
+    # Every added token (fillers and specials) with its id: transformers rebuilds the added
+    # tokens from this map and would renumber any that are missing.
     added = {
-        str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True}
-        for t in SPECIAL_TOKENS
+        str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                          "single_word", "special")}
+        for a in json.loads(js)["added_tokens"]
     }
+    assert all(added[str(ids[t])]["content"] == t for t in SPECIAL_TOKENS)
     tok_cfg = {
         "add_bos_token": False,
         "add_prefix_space": False,
