@@ -152,7 +152,7 @@ def preload_blas(setting: Optional[str] = None) -> dict:
 def _preload(setting: Optional[str]) -> dict:
     if setting is None:
         setting = os.environ.get(ENV_VAR, "auto")
-    setting = (setting or "auto").strip()
+    setting = (setting or "").strip() or "auto"
     key = setting.lower()
     prev = _state()
     if prev is not None and (prev["setting"] == setting or prev["status"] == "loaded"):
