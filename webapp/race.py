@@ -95,6 +95,8 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
             v.depth = shown_depth(depth, s.get("depth"))
             # mtp_active is meaningful only for 'auto' (the cost model may price MTP out)
             v.mtp_active = s.get("mtp_active") if depth == "auto" else True
+    if snap.stopped and not v.finished:
+        v.finished, v.finish_reason = True, "stopped"
     if lane.error is not None and (lane.done and lane.clock <= snap.t):
         v.error = f"{type(lane.error).__name__}: {lane.error}"
     return v

@@ -74,6 +74,7 @@ class Snapshot:
     t: float
     lanes: Sequence[TimedLane]
     final: bool
+    stopped: bool = False
 
     def view(self, i: int) -> List[Any]:
         return self.lanes[i].events_until(self.t)
@@ -102,10 +103,18 @@ def run_fair(
     wall seconds and always once at the end. Closing this generator (or setting ``stop``)
     closes every lane's stream."""
     last = wall()
+    t_stop = None
     try:
         while True:
             running = [l for l in lanes if not l.done]
-            if not running or (stop is not None and stop.is_set()):
+            if not running:
+                break
+            if stop is not None and stop.is_set():
+                # Show both at the compute time they had both reached; then resume each lane
+                # once so an engine lane sees the stop and ends with its 'stopped' event.
+                t_stop = shared_time(lanes)
+                for l in running:
+                    l.step()
                 break
             lane = min(running, key=lambda l: l.clock)   # ties: the first listed
             lane.step()
@@ -113,7 +122,10 @@ def run_fair(
             if now - last >= update_interval:
                 last = now
                 yield Snapshot(shared_time(lanes), lanes, final=False)
-        yield Snapshot(shared_time(lanes), lanes, final=True)
+        if t_stop is not None:
+            yield Snapshot(t_stop, lanes, final=True, stopped=True)
+        else:
+            yield Snapshot(shared_time(lanes), lanes, final=True)
     finally:
         for l in lanes:
             if not l.done:

@@ -1,0 +1,65 @@
+"""Shared by the webapp tests: a real app on a tiny checkpoint, launched on 127.0.0.1."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+# On the default tiny checkpoint, greedy decoding of this prompt runs > 1000 tokens before EOS:
+# long enough to press Stop in the middle.
+LONG_PROMPT = "Hello there"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_host(model_dir: Path, **overrides):
+    from core.settings import get_settings
+    from webapp.model import ModelHost
+
+    settings = get_settings(model=model_dir, **overrides)
+    return ModelHost.load(model_dir, settings, log=lambda m: None)
+
+
+@contextmanager
+def served(host, auth=None):
+    """Launch the real app (theme, CSS, queue) on a free port; yields its URL."""
+    from webapp.app import build_app, launch
+
+    demo = build_app(host, runtime="test runtime")
+    port = free_port()
+    launch(demo, host="127.0.0.1", port=port, auth=auth, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}", demo
+    finally:
+        demo.close()
+
+
+def screenshot_dir() -> Path:
+    d = Path(os.environ.get("MTP_CHAT_SCREENSHOTS", "artifacts/screenshots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Req:
+    """Stands in for gr.Request in direct calls: only the session hash is used."""
+
+    def __init__(self, session_hash: str):
+        self.session_hash = session_hash
+
+
+def in_thread(fn, *args):
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t
