@@ -295,6 +295,7 @@ def make_tiny_checkpoint(
     frequent_scale: float = 3.0,
     norm_std: float = 0.05,
     residual_gain: float = 4.0,
+    quant_overrides: Optional[dict] = None,
     max_shard_bytes: Optional[int] = None,
     overwrite: bool = True,
 ) -> Path:
@@ -308,6 +309,9 @@ def make_tiny_checkpoint(
     (``mtp_file`` and ``mlx_lm_extra_tensors.mtp_file``, as OptiQ writes), ``extra``,
     ``mtp_file`` or ``none`` (the loader must find it at a default location).
     ``write_sidecar=False`` makes a checkpoint with no MTP head at all.
+    ``quant_overrides`` (``{"lm_head": 8, "embed_tokens": 8}``: module-path suffix -> bits)
+    gives those trunk modules their own bits, recorded per path in ``quantization`` the way
+    mlx-lm's mixed-precision recipes (and OptiQ) write it.
     ``max_shard_bytes`` splits the trunk into ``model-0000N-of-0000M.safetensors``.
     """
     import mlx.core as mx
@@ -426,7 +430,9 @@ def make_tiny_checkpoint(
     }
     if bits is not None:
         with contextlib.redirect_stdout(io.StringIO()):
-            model, config = quantize_model(model, config, group_size, bits, mode="affine")
+            model, config = quantize_model(model, config, group_size, bits, mode="affine",
+                                           quant_predicate=_override_predicate(
+                                               quant_overrides, group_size))
     mx.eval(model.parameters())
 
     weights = dict(tree_flatten(model.parameters()))
@@ -469,6 +475,19 @@ def make_tiny_checkpoint(
         {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
     del embed_np
     return out
+
+
+def _override_predicate(overrides: Optional[dict], group_size: int):
+    if not overrides:
+        return None
+
+    def predicate(path, module):
+        for suffix, b in overrides.items():
+            if path.endswith(suffix):
+                return {"group_size": group_size, "bits": int(b), "mode": "affine"}
+        return True
+
+    return predicate
 
 
 def _save_trunk(out: Path, weights: dict, total_params: int, max_shard_bytes: Optional[int]):
@@ -611,6 +630,8 @@ def main(argv=None) -> int:
                    help="MTP linear bits; 0 = unquantized head")
     p.add_argument("--mtp-group-size", type=int, default=None, help="default: --group-size")
     p.add_argument("--max-shard-bytes", type=int, default=None)
+    p.add_argument("--quant-override", action="append", default=[], metavar="SUFFIX=BITS",
+                   help="per-module trunk bits, e.g. lm_head=8 (repeatable)")
     for name in ["quantize_fc", "tie_word_embeddings", "zero_centered_norms",
                  "write_convention_keys", "write_sidecar", "write_tensor_count"]:
         p.add_argument("--" + name.replace("_", "-"), type=_bool, default=defaults[name],
@@ -627,6 +648,8 @@ def main(argv=None) -> int:
     p.add_argument("--sidecar-keys", choices=SIDECAR_KEY_MODES, default="both")
     a = vars(p.parse_args(argv))
     out = a.pop("out")
+    a["quant_overrides"] = {k: int(v) for k, v in
+                            (item.split("=", 1) for item in a.pop("quant_override"))} or None
     path = make_tiny_checkpoint(out, **a)
     print(f"wrote {path}")
     return 0

@@ -56,6 +56,7 @@ OPTION_SETS = {
     "no_sidecar": dict(write_sidecar=False),
     "two_mtp_layers": dict(mtp_num_hidden_layers=2),
     "sharded": dict(max_shard_bytes=64 * 1024),
+    "mixed_bits": dict(quant_overrides={"lm_head": 8, "embed_tokens": 8}, tie_word_embeddings=False),
     "bigger": dict(hidden_size=128, num_layers=8, full_attention_interval=4, vocab_size=1024,
                    num_heads=8, num_kv_heads=2, head_dim=32, intermediate_size=256,
                    linear_num_value_heads=8, linear_num_key_heads=4, group_size=64),
@@ -125,6 +126,9 @@ def test_every_option_loads_and_has_the_layout(tiny_checkpoint, name):
     assert cfg["eos_token_id"] == tc["eos_token_id"]
     if d["bits"]:
         q = {"group_size": d["group_size"], "bits": d["bits"], "mode": "affine"}
+        for suffix, b in (d["quant_overrides"] or {}).items():
+            q[f"language_model.{'model.' if suffix == 'embed_tokens' else ''}{suffix}"] = {
+                "group_size": d["group_size"], "bits": b, "mode": "affine"}
         assert cfg["quantization"] == q and cfg["quantization_config"] == q
     else:
         assert "quantization" not in cfg and "quantization_config" not in cfg
