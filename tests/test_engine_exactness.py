@@ -1,0 +1,184 @@
+"""Exactness of the speculative lane: greedy identity, distributional identity, the math."""
+import math
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from adapters import load_adapter
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, residual, verify_drafts
+from tests._engine_helpers import make_mixed_head
+
+PROMPTS = [list(range(5, 25)), [100, 7, 300, 42], [3], list(range(200, 460, 3))]
+REJECTING = dict(bits=4, seed=1, frequent_tokens=0, logit_std=2.0, residual_gain=1.0)
+MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
+
+
+@pytest.fixture(scope="module")
+def mixed(tiny_checkpoint):
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **MIXED)))
+
+
+@pytest.fixture(scope="module")
+def rejecting(tiny_checkpoint):
+    return load_adapter(tiny_checkpoint(**REJECTING))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("which", ["mixed", "rejecting"])
+def test_greedy_mtp_is_token_identical_to_ar(request, which, depth):
+    adapter = request.getfixturevalue(which)
+    greedy = SamplerConfig(temperature=0)
+    total_accepted = total_proposed = 0
+    for prompt in PROMPTS:
+        ar, ar_stats = AutoregressiveDecoder(adapter, sampler=greedy).generate(prompt, max_tokens=200)
+        mtp, stats = SpeculativeDecoder(adapter, sampler=greedy, depth=depth).generate(prompt, max_tokens=200)
+        assert mtp == ar
+        assert stats.generated_tokens == len(mtp)
+        assert stats.target_forwards == stats.cycles + 1  # exactly one target forward per cycle
+        total_accepted += stats.accepted
+        total_proposed += stats.proposed
+    rate = total_accepted / total_proposed
+    if which == "mixed":
+        assert 0.05 < rate < 0.95, rate  # both paths exercised
+    else:
+        assert rate < 0.1, rate  # most cycles reject
+
+
+def _exact_joint(adapter, sampler, prompt, n):
+    """Exact distribution of the first n tokens under `sampler`, by enumeration."""
+    out = {}
+    eos = set(adapter.tokenizer.eos_token_ids)
+
+    def walk(prefix, prob):
+        if len(prefix) == n:
+            out[tuple(prefix)] = prob
+            return
+        # the decoders' own path: prefill the prompt, then one token at a time
+        cache = adapter.make_cache()
+        logits, _, _ = adapter.forward(mx.array([prompt]), cache, all_logits=False)
+        for t in prefix:
+            logits, _, _ = adapter.forward(mx.array([[t]]), cache)
+        p = np.array(sampler.probs(logits[0, -1]))
+        for t in np.nonzero(p)[0]:
+            if int(t) in eos:  # generation ends; the EOS itself is not output
+                out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob * float(p[t])
+            else:
+                walk(prefix + [int(t)], prob * float(p[t]))
+
+    walk([], 1.0)
+    return out
+
+
+def _chi_square_pvalue(counts: Counter, expected: dict, n: int) -> float:
+    from scipy.stats import chi2
+
+    cells = sorted(expected)
+    exp = np.array([expected[c] * n for c in cells])
+    obs = np.array([counts.get(c, 0) for c in cells])
+    assert sum(counts.values()) == obs.sum(), "a sample fell outside the exact support"
+    # pool cells with tiny expectations so the chi-square approximation holds
+    small = exp < 5
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return float(chi2.sf(stat, len(exp) - 1))
+
+
+@pytest.mark.parametrize(
+    "sampler,depth",
+    [
+        (SamplerConfig(temperature=1.0, top_p=1.0, top_k=4), 1),
+        (SamplerConfig(temperature=0.8, top_p=0.7, top_k=8), 2),
+        (SamplerConfig(temperature=1.5, top_p=1.0, top_k=5, min_p=0.1), 2),
+    ],
+)
+def test_sampled_mtp_follows_the_exact_distribution(mixed, sampler, depth):
+    prompt, n_tokens, runs = [11, 12, 13], 3, 1200
+    exact = _exact_joint(mixed, sampler, prompt, n_tokens)
+    assert abs(sum(exact.values()) - 1) < 1e-4
+    mtp_counts, ar_counts, accepted = Counter(), Counter(), 0
+    for seed in range(runs):
+        ids, stats = SpeculativeDecoder(mixed, sampler=sampler, seed=seed, depth=depth).generate(prompt, max_tokens=n_tokens)
+        mtp_counts[tuple(ids)] += 1
+        accepted += stats.accepted
+    for seed in range(runs // 3):
+        ids, _ = AutoregressiveDecoder(mixed, sampler=sampler, seed=seed).generate(prompt, max_tokens=n_tokens)
+        ar_counts[tuple(ids)] += 1
+    assert accepted > runs * 0.05, "drafts were never accepted: the test would not exercise acceptance"
+    assert _chi_square_pvalue(mtp_counts, exact, runs) > 1e-3
+    assert _chi_square_pvalue(ar_counts, exact, runs // 3) > 1e-3
+
+
+def test_a_wrong_acceptance_rule_is_detected(mixed):
+    """The statistical test has teeth: accepting every draft (no p/q check) fails it."""
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4)
+    prompt, runs = [11, 12, 13], 1500
+    exact = _exact_joint(mixed, sampler, prompt, 2)
+    counts = Counter()
+    for seed in range(runs):
+        # draft with the head and accept blindly: the output follows q, not p
+        cache, mtp_cache = mixed.make_cache(), mixed.make_mtp_cache()
+        logits, hidden, _ = mixed.forward(mx.array([prompt]), cache)
+        key = mx.random.key(seed)
+        k1, k2 = mx.random.split(key)
+        t1 = mx.random.categorical(mx.log(sampler.probs(logits[0, -1])), key=k1)
+        g = mixed.mtp_forward(hidden, mx.concatenate([mx.array(prompt[1:]), t1[None]])[None], mtp_cache)
+        t2 = mx.random.categorical(mx.log(sampler.probs(mixed.lm_head(g[:, -1]))), key=k2)
+        counts[(t1.item(), t2.item())] += 1
+    assert sum(c for k, c in counts.items() if k not in exact) > 0 or _chi_square_pvalue(counts, exact, runs) < 1e-3
+
+
+def test_residual_on_hand_computed_distributions():
+    p = mx.array([[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]])
+    q = mx.array([[0.2, 0.6, 0.2], [0.5, 0.25, 0.25]])
+    assert np.allclose(np.array(residual(p, q)), [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    # p == q: nothing left over, fall back to p itself
+    assert np.allclose(np.array(residual(p, p)), np.array(p))
+    mixed = residual(mx.array([[0.4, 0.4, 0.2]]), mx.array([[0.1, 0.3, 0.6]]))
+    assert np.allclose(np.array(mixed), [[0.75, 0.25, 0.0]])
+
+
+def test_acceptance_probability_is_min_one_p_over_q():
+    # draft token 0 with q=0.8 where p=0.2: accepted with probability 0.25;
+    # on rejection the replacement comes from norm(max(p-q,0)) = [0, 0.75/0.8... ] over tokens 1, 2
+    p = mx.array([[0.2, 0.5, 0.3], [1 / 3, 1 / 3, 1 / 3]])
+    q = mx.array([[0.8, 0.1, 0.1]])
+    drafts = mx.array([0])
+    n, acc, corr = 4000, 0, Counter()
+    for i in range(n):
+        keys = mx.random.split(mx.random.key(i), 3)
+        accepted, corrections, bonus = verify_drafts(p, q, drafts, keys)
+        if accepted.item():
+            acc += 1
+        else:
+            corr[corrections.item()] += 1
+    assert abs(acc / n - 0.25) < 0.03
+    assert corr[0] == 0
+    assert abs(corr[1] / sum(corr.values()) - 0.4 / 0.6) < 0.04
+    # p >= q on the draft: always accepted
+    accepted, _, _ = verify_drafts(mx.array([[0.9, 0.1], [0.5, 0.5]]), mx.array([[0.5, 0.5]]), mx.array([0]),
+                                   mx.random.split(mx.random.key(0), 3))
+    assert accepted.item()
+
+
+def test_sampler_probs_filters():
+    logits = mx.log(mx.array([[0.05, 0.1, 0.15, 0.3, 0.4]]))
+    p = lambda **kw: np.array(SamplerConfig(**kw).probs(logits))[0]
+    assert np.allclose(p(temperature=1, top_p=1, top_k=0), [0.05, 0.1, 0.15, 0.3, 0.4], atol=1e-6)
+    assert np.allclose(p(temperature=1, top_p=1, top_k=2), [0, 0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    assert np.allclose(p(temperature=1, top_p=0.7, top_k=0), [0, 0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    assert np.allclose(p(temperature=1, top_p=0.71, top_k=0), [0, 0, 0.15 / 0.85, 0.3 / 0.85, 0.4 / 0.85], atol=1e-6)
+    assert np.allclose(p(temperature=1, top_p=1, top_k=0, min_p=0.5), [0, 0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    assert np.allclose(p(temperature=0), [0, 0, 0, 0, 1])
+    hot = p(temperature=2, top_p=1, top_k=0)
+    assert hot[0] > 0.05 and hot[4] < 0.4
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_p=0),
+                                    dict(top_p=1.5), dict(top_k=-1), dict(top_k=2.5), dict(min_p=1.0)])
+def test_sampler_refuses_nonsense(kwargs):
+    with pytest.raises(ValueError):
+        SamplerConfig(**kwargs)
