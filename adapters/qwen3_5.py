@@ -6,6 +6,7 @@ MTP head forward with its own KV cache.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -14,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import KVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 from mlx_lm.models.qwen3_5 import TextModelArgs
 
 from . import sidecar
@@ -151,20 +152,43 @@ def _gdn_capturing(attn, x: mx.array, mask, cache):
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+    beta, g = mx.sigmoid(b), compute_g(attn.A_log, a, attn.dt_bias)
     state = cache[1]
+    if state is None:
+        state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
+    # gated_delta_update's own dispatch: the Metal kernel on Apple GPUs, ops elsewhere.
+    step = gated_delta_kernel if _use_kernel(attn, k) else gated_delta_ops
     outs, states = [], []
     for t in range(S):
         sl = slice(t, t + 1)
-        o, state = gated_delta_update(
-            q[:, sl], k[:, sl], v[:, sl], a[:, sl], b[:, sl], attn.A_log, attn.dt_bias, state,
-            None if mask is None else mask[:, sl], use_kernel=not attn.training,
-        )
+        o, state = step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state,
+                        None if mask is None else mask[:, sl])
         outs.append(o)
         states.append(state)
     cache[1] = state
     cache.advance(S)
     out = attn.norm(mx.concatenate(outs, axis=1), z)
     return attn.out_proj(out.reshape(B, S, -1)), (conv_input, states)
+
+
+def _use_kernel(attn, k: mx.array) -> bool:
+    return (
+        not attn.training
+        and mx.default_device() == mx.gpu
+        and mx.metal.is_available()
+        and k.shape[-1] >= 32
+        and k.shape[-1] % 32 == 0
+    )
+
+
+def _unreadable_trunk_file(path: Path) -> Optional[Path]:
+    """The first model*.safetensors whose header mlx cannot read (mx.load reads headers, data lazily)."""
+    for f in sorted(path.glob("model*.safetensors")):
+        try:
+            mx.load(str(f))
+        except Exception:  # noqa: BLE001
+            return f
+    return None
 
 
 def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto") -> Qwen35Adapter:
@@ -174,18 +198,34 @@ def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, comp
         if key not in tc:
             raise CheckpointError(f"{path / 'config.json'}: text_config has no '{key}'.")
     n_mtp = tc.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers", 1))
+    if not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or n_mtp < 0:
+        raise CheckpointError(
+            f"{path / 'config.json'}: mtp_num_hidden_layers is {n_mtp!r}, expected a whole number (1 for Qwythos)."
+        )
+    if n_mtp == 0:
+        raise CheckpointError(
+            f"{path} has no MTP head: config.json says mtp_num_hidden_layers is 0. Speculative decoding "
+            "needs the head; use a checkpoint converted with its MTP tensors (for example the MTPLX/OptiQ "
+            "conversion). Plain autoregressive generation does not need this app."
+        )
     if n_mtp > 1:
         raise CheckpointError(
-            f"{path}: mtp_num_hidden_layers is {n_mtp}; only one-layer MTP heads (Qwen3.5/Qwythos) are "
-            "supported. Deeper heads are drafted with the one layer applied recursively instead."
+            f"{path}: mtp_num_hidden_layers is {n_mtp}; only one-layer MTP heads (Qwen3.5/Qwythos, "
+            "mtp.layers.0 only) are supported; a deeper stacked head is not. Use a checkpoint with a "
+            "one-layer head (draft depth > 1 reuses that one layer, no second layer is needed)."
         )
 
     # The sidecar is found and checked before the trunk is touched: nothing is half-loaded.
     side = sidecar.locate(path, config)
-    if side is None or n_mtp == 0:
+    if side is None:
+        registered = sidecar.registered(config)
+        where = (
+            f"config.json registers {', '.join(repr(r) for r in registered)} but no such file exists"
+            if registered else "config.json registers none (mtp_file / mlx_lm_extra_tensors.mtp_file)"
+        )
         raise CheckpointError(
-            f"{path} has no MTP head: no optiq/mtp.safetensors (nor a sidecar registered in config.json "
-            "as mtp_file / mlx_lm_extra_tensors.mtp_file). Speculative decoding needs the head; "
+            f"{path} has no MTP head: no sidecar at {' or '.join(sidecar.candidates(config))}; {where}. "
+            "Speculative decoding needs the head; "
             "use a checkpoint converted with its MTP tensors (for example the MTPLX/OptiQ conversion). "
             "Plain autoregressive generation does not need this app."
         )
@@ -197,7 +237,8 @@ def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, comp
     variant_source = "override" if hidden_variant else ("config" if variant else "Qwythos default")
     variant = variant or DEFAULT_HIDDEN_VARIANT
     if variant not in ("pre_norm", "post_norm"):
-        raise CheckpointError(f"hidden variant '{variant}' is not 'pre_norm' or 'post_norm'.")
+        where = "hidden_variant argument" if hidden_variant else f"{path / 'config.json'}: mtp_hidden_variant"
+        raise CheckpointError(f"{where} '{variant}' is not 'pre_norm' or 'post_norm'.")
     concat_order = config.get("mtp_concat_order", DEFAULT_CONCAT_ORDER)
     if concat_order not in ("embedding_hidden", "hidden_embedding"):
         raise CheckpointError(f"config.json: mtp_concat_order '{concat_order}' is not 'embedding_hidden' or 'hidden_embedding'.")
@@ -209,9 +250,12 @@ def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, comp
     try:
         model, tokenizer = mlx_lm_load(str(path))
     except Exception as exc:
+        bad = _unreadable_trunk_file(path)
         raise CheckpointError(
             f"{path}: mlx-lm could not load the trunk ({type(exc).__name__}: {exc}). "
-            "A truncated or corrupt model*.safetensors, or missing tokenizer files, are the usual causes."
+            + (f"{bad.name} is corrupt or truncated: copy it again from the original checkpoint."
+               if bad else
+               "A truncated or corrupt model*.safetensors, or missing tokenizer files, are the usual causes.")
         ) from None
 
     args = TextModelArgs.from_dict(tc)
@@ -241,6 +285,6 @@ def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, comp
         trunk_quantization=config.get("quantization"),
         mtp_quantization=qparams,
         mtp_tensor_count=len(tensors),
-        sidecar=str(side.relative_to(path.resolve()) if side.is_relative_to(path.resolve()) else side),
+        sidecar=os.path.relpath(side, os.path.abspath(path)),  # locate() keeps it inside the checkpoint
     )
     return Qwen35Adapter(path, model, tokenizer, config, contract, head, compute_dtype)

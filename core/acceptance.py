@@ -19,13 +19,18 @@ def residual(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(mass > 0, r / mx.maximum(mass, 1e-30), p)
 
 
-def verify_drafts(p: mx.array, q: mx.array, drafts: mx.array, keys: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
+def verify_drafts(p: mx.array, q: mx.array, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
     """p [D+1, V] target, q [D, V] draft, drafts [D] -> (accepted [D], corrections [D], bonus [1]).
 
     Everything stays on the device; the caller reads the three results in one sync and
     keeps corrections[n] (n = accepted prefix length) or the bonus when all D passed.
     """
     D = drafts.shape[0]
+    if greedy:
+        # p and q are one-hot: accept iff the draft is p's argmax; the residual (or p
+        # itself) is then one-hot at that argmax, so the replacement is the argmax too.
+        best = mx.argmax(p, axis=-1)
+        return drafts == best[:D], best[:D], best[D:]
     rows = mx.arange(D)
     p_x, q_x = p[rows, drafts], q[rows, drafts]
     u = mx.random.uniform(shape=(D,), key=keys[0])

@@ -23,7 +23,7 @@ class AutoregressiveDecoder(Lane):
         cache = ad.make_cache()
 
         def sample(logits):
-            return categorical(self.sampler.probs(logits), keys.next()), all_finite(logits)
+            return self.sampler.sample(logits, keys.next()), all_finite(logits)
 
         logits, _ = prefill(ad, prompt, cache)
         y, ok = sample(logits)
@@ -63,7 +63,7 @@ class SpeculativeDecoder(Lane):
         cache, mtp_cache = ad.make_cache(), ad.make_mtp_cache()
 
         logits, hidden = prefill(ad, prompt, cache)
-        first = categorical(sampler.probs(logits), keys.next())
+        first = sampler.sample(logits, keys.next())
         check_finite(all_finite(logits).item(), "target model")
         stats.target_forwards += 1
         pending = first.item()
@@ -73,10 +73,11 @@ class SpeculativeDecoder(Lane):
         produced = 1
 
         while True:
-            depth = min(policy.choose(stats), max_tokens - produced - 1)
+            stats.depth = policy.choose(stats)
+            depth = min(stats.depth, max_tokens - produced - 1)
             if depth <= 0:  # plain AR step: priced out, or only one token left to make
                 logits, h, _ = ad.forward(mx.array([[pending]]), cache)
-                y = categorical(sampler.probs(logits[0]), keys.next())
+                y = sampler.sample(logits[0], keys.next())
                 mx.eval(y)
                 check_finite(all_finite(logits).item(), "target model")
                 feed_h, feed_t = mx.concatenate([feed_h, h], axis=1), mx.concatenate([feed_t, y])
@@ -92,7 +93,7 @@ class SpeculativeDecoder(Lane):
             for _ in range(depth):
                 g = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
                 q = sampler.probs(ad.lm_head(g)[0])
-                t = categorical(q, keys.next())
+                t = mx.argmax(q, axis=-1) if sampler.greedy else categorical(q, keys.next())
                 h = g
                 drafts.append(t)
                 qs.append(q)
@@ -101,7 +102,7 @@ class SpeculativeDecoder(Lane):
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
             p = sampler.probs(logits[0])
-            accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3))
+            accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
             ok = mx.logical_and(all_finite(logits), mx.all(mx.isfinite(q)))

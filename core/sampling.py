@@ -55,14 +55,23 @@ class SamplerConfig:
             x = mx.where(x >= kth, x, -mx.inf)
         p = mx.softmax(x, axis=-1)
         if self.top_p < 1.0:
-            # Keep the smallest head of the sorted distribution whose mass reaches top_p.
-            desc = -mx.sort(-p, axis=-1)
+            # Keep the smallest head of the sorted distribution whose mass reaches top_p
+            # (with top_k on, only the k survivors need sorting).
+            head = mx.topk(p, self.top_k, axis=-1) if 0 < self.top_k < V else p
+            desc = -mx.sort(-head, axis=-1)
             before = mx.cumsum(desc, axis=-1) - desc
             cutoff = mx.min(mx.where(before < self.top_p, desc, mx.inf), axis=-1, keepdims=True)
             p = mx.where(p >= cutoff, p, 0.0)
         if self.min_p > 0:
             p = mx.where(p >= self.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
         return p / p.sum(axis=-1, keepdims=True)
+
+
+    def sample(self, logits: mx.array, key: mx.array) -> mx.array:
+        """One token per row of logits [..., V], drawn from `probs` (argmax when greedy)."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1)
+        return categorical(self.probs(logits), key)
 
 
 def categorical(p: mx.array, key: mx.array) -> mx.array:

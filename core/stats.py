@@ -17,7 +17,7 @@ class GenerationStats:
     accepted_per_depth: List[int] = field(default_factory=list)
     cycles: int = 0
     target_forwards: int = 0
-    depth: Optional[int] = None  # draft depth of the last cycle (0 = plain AR step)
+    depth: Optional[int] = None  # draft depth the policy chose last (0 = plain AR: priced out)
     mtp_active: bool = False  # False when depth 'auto' priced speculation out
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -46,7 +46,6 @@ class GenerationStats:
     def record_cycle(self, depth: int, n_accepted: int) -> None:
         self.cycles += 1
         self.target_forwards += 1
-        self.depth = depth
         if depth == 0:
             return
         while len(self.proposed_per_depth) < depth:

@@ -1,0 +1,188 @@
+"""How the lanes start, stop and report: both lanes share these rules."""
+import threading
+
+import mlx.core as mx
+import pytest
+
+import core.stream
+from adapters import load_adapter
+from core import (AutoregressiveDecoder, NonFiniteLogitsError, SamplerConfig, SpeculativeDecoder,
+                  chat_prompt_ids, measure_costs)
+from tests._engine_helpers import make_mixed_head
+
+MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
+GREEDY = SamplerConfig(temperature=0)
+LANES = {
+    "ar": lambda ad, **kw: AutoregressiveDecoder(ad, **kw),
+    "mtp": lambda ad, **kw: SpeculativeDecoder(ad, depth=2, **kw),
+}
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_checkpoint):
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **MIXED)))
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_stream_events_and_stats(adapter, lane):
+    decoder = LANES[lane](adapter, sampler=SamplerConfig(temperature=0.8, top_k=10), seed=3)
+    events = list(decoder.stream([5, 6, 7, 8], max_tokens=40))
+    ids = [t for e in events for t in e.tokens]
+    assert events[-1].finished and events[-1].finish_reason in ("eos", "max_tokens")
+    assert all(not e.finished for e in events[:-1])
+    assert all(len(e.tokens) == len(e.origins) for e in events)
+    origins = {o for e in events for o in e.origins}
+    assert origins <= {"target", "draft", "correction", "bonus"}
+    if lane == "ar":
+        assert origins == {"target"}
+    else:
+        assert events[0].origins == ["target"] and "draft" in origins
+    s = events[-1].stats
+    assert s.generated_tokens == len(ids)
+    assert s.time_to_first_token > 0 and s.decode_seconds > 0 and s.tokens_per_second > 0
+    assert s.compute_seconds == pytest.approx(s.prefill_seconds + s.decode_seconds)
+    text = "".join(e.text for e in events)
+    assert text == adapter.tokenizer.decode(ids)
+    d = s.as_dict()
+    for key in ("generated_tokens", "proposed", "accepted", "acceptance_rate", "acceptance_per_depth", "cycles",
+                "target_forwards", "prefill_seconds", "decode_seconds", "tokens_per_second", "time_to_first_token",
+                "tokens_per_cycle", "mtp_active", "compute_seconds"):
+        assert key in d
+    # generate() is the same run without the events
+    ids2, stats2 = LANES[lane](adapter, sampler=SamplerConfig(temperature=0.8, top_k=10), seed=3).generate(
+        mx.array([5, 6, 7, 8]), max_tokens=40)
+    assert ids2 == ids and stats2.generated_tokens == len(ids)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_own_clock_excludes_time_suspended_at_yield(adapter, lane):
+    import time
+    gen = LANES[lane](adapter, sampler=GREEDY).stream([5, 6, 7], max_tokens=6)
+    last = None
+    for event in gen:
+        time.sleep(0.05)  # the consumer is slow: the lane must not be charged for it
+        last = event
+    assert last.stats.compute_seconds < 0.05 * 3
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_max_tokens_including_one(adapter, lane):
+    for n in (1, 2, 3, 7):
+        ids, stats = LANES[lane](adapter, sampler=GREEDY).generate([9, 10, 11], max_tokens=n)
+        assert len(ids) <= n and stats.generated_tokens == len(ids)
+        if stats.finish_reason == "max_tokens":
+            assert len(ids) == n
+    with pytest.raises(ValueError):
+        LANES[lane](adapter, sampler=GREEDY).generate([1], max_tokens=0)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_stop_event_ends_within_one_cycle(adapter, lane):
+    stop = threading.Event()
+    events = []
+    for event in LANES[lane](adapter, sampler=SamplerConfig(temperature=1.0, top_k=0, top_p=1.0)).stream(
+            [5, 6], max_tokens=500, stop=stop):
+        events.append(event)
+        if len(events) == 3:
+            stop.set()
+    assert len(events) == 4  # the three, then the stop acknowledgement with no new tokens
+    assert events[-1].finish_reason == "stopped" and events[-1].tokens == []
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_closing_the_stream_stops_the_decode(adapter, lane):
+    gen = LANES[lane](adapter, sampler=GREEDY).stream([5, 6], max_tokens=500)
+    next(gen)
+    next(gen)
+    gen.close()  # what Gradio does when a user presses Stop or closes the tab
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_eos_ends_generation_and_is_not_output(adapter, lane):
+    eos = next(iter(adapter.tokenizer.eos_token_ids))
+    # find a prompt whose greedy continuation hits EOS by making EOS the only choice
+    ids, stats = LANES[lane](adapter, sampler=GREEDY).generate([5, 6, 7], max_tokens=60)
+    adapter.tokenizer.eos_token_ids = {ids[4]}  # pretend the 5th token is the EOS
+    try:
+        ids2, stats2 = LANES[lane](adapter, sampler=GREEDY).generate([5, 6, 7], max_tokens=60)
+    finally:
+        adapter.tokenizer.eos_token_ids = {eos}
+    assert ids2 == ids[: ids.index(ids[4])]
+    assert stats2.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_stop_strings(adapter, lane):
+    text = "".join(e.text for e in LANES[lane](adapter, sampler=GREEDY).stream([5, 6, 7], max_tokens=30))
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop and stop in text
+    events = list(LANES[lane](adapter, sampler=GREEDY).stream([5, 6, 7], max_tokens=30, stop_strings=[stop]))
+    out = "".join(e.text for e in events)
+    assert events[-1].finish_reason == "stop_string"
+    assert out == text[: text.index(stop)]
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_chunked_prefill_of_a_long_prompt(adapter, lane, monkeypatch):
+    prompt = [(i * 7) % 500 + 3 for i in range(700)]
+    full, _ = LANES[lane](adapter, sampler=GREEDY).generate(prompt, max_tokens=12)
+    monkeypatch.setattr(core.stream, "PREFILL_CHUNK", 128)
+    chunked, stats = LANES[lane](adapter, sampler=GREEDY).generate(prompt, max_tokens=12)
+    assert stats.prompt_tokens == 700
+    assert chunked[:4] == full[:4]  # chunked attention differs in the last bits only
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_non_finite_logits_raise_instead_of_producing_a_token(tiny_checkpoint, lane):
+    bad = load_adapter(tiny_checkpoint(bits=None))
+    w = bad.inner.norm.weight
+    bad.inner.norm.weight = mx.where(mx.arange(w.size) == 0, mx.nan, w)
+    with pytest.raises(NonFiniteLogitsError, match="NaN or infinite"):
+        LANES[lane](bad, sampler=SamplerConfig(temperature=0.7)).generate([5, 6, 7], max_tokens=5)
+
+
+def test_empty_prompt_is_refused(adapter):
+    with pytest.raises(ValueError, match="empty"):
+        AutoregressiveDecoder(adapter).generate([], max_tokens=3)
+
+
+def test_depth_validation(adapter):
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(ValueError):
+            SpeculativeDecoder(adapter, depth=bad)
+
+
+def test_auto_depth_prices_out_a_useless_head_and_stays_exact(tiny_checkpoint, adapter):
+    useless = load_adapter(tiny_checkpoint(bits=None, seed=5))  # random head: ~0% acceptance
+    ar, _ = AutoregressiveDecoder(useless, sampler=GREEDY).generate([5, 6, 7], max_tokens=80)
+    ids, stats = SpeculativeDecoder(useless, sampler=GREEDY, depth="auto").generate([5, 6, 7], max_tokens=80)
+    assert ids == ar
+    assert stats.mtp_active is False
+    assert stats.proposed < 20  # it stopped drafting (only probes)
+    costs = measure_costs(useless)
+    assert costs.verify[1] == 1.0 and costs.mtp_step > 0 and set(costs.verify) >= {1, 2, 3, 4}
+    # the cost model's prediction is reported
+    assert stats.predicted_speedup is not None
+
+
+def test_auto_depth_keeps_speculating_when_it_pays(tiny_checkpoint):
+    sure = load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **{**MIXED, "residual_gain": 0.3})))
+    ids, stats = SpeculativeDecoder(sure, sampler=GREEDY, depth="auto").generate([5, 6, 7], max_tokens=80)
+    ar, _ = AutoregressiveDecoder(sure, sampler=GREEDY).generate([5, 6, 7], max_tokens=80)
+    assert ids == ar
+    assert stats.acceptance_rate > 0.9 and stats.mtp_active and stats.depth >= 1
+
+
+def test_chat_prompt_ids_uses_the_template_and_flattens_gradio_blocks(adapter):
+    plain = chat_prompt_ids(adapter, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
+    blocks = chat_prompt_ids(adapter, [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}])
+    assert plain == blocks
+    text = adapter.tokenizer.decode(plain)
+    assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
+    with pytest.raises(ValueError):
+        chat_prompt_ids(adapter, [])
+    with pytest.raises(ValueError):
+        chat_prompt_ids(adapter, [{"role": "robot", "content": "x"}])
