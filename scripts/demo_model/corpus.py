@@ -150,7 +150,7 @@ def wordnet_chats(rng, min_tagged=1):
                 ans += f'\n\nFor example: "{ex}"'
             qs = DEFINE_Q + (DEFINE_Q_NOUN if t == "n" else DEFINE_Q_VERB if t == "v" else [])
             q = rng.choice(qs).format(**fmt)
-            out.append({"kind": "define", "messages": [q, ans]})
+            out.append({"kind": "define", "messages": [q, ans], "word": w, "qs": qs, "fmt": fmt})
         # example
         exs = [e for s in senses for e in s["ex"] if w.split()[0] in e.lower()]
         if exs:
@@ -513,11 +513,24 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
         k = max(4, int(len(ds) * eval_frac)) if kind not in ("greeting", "identity", "thanks", "bye") else 0
         eval_set += ds[:k]
         train += ds[k:]
+    # 'seen' eval prompts: items that ARE in the training set, asked with a different phrasing
+    seen = []
+    defs = [d for d in train if d["kind"] == "define" and d.get("qs")]
+    for d in rng.sample(defs, min(150, len(defs))):
+        alts = [q for q in d["qs"] if q.format(**d["fmt"]) != d["messages"][0]]
+        seen.append({"kind": "define_seen", "messages": [rng.choice(alts).format(**d["fmt"]), d["messages"][1]]})
+    others = [d for d in train if d["kind"] in ("synonym", "example", "antonym", "hypernym", "quote", "python_faq")]
+    for d in rng.sample(others, min(100, len(others))):
+        seen.append({"kind": d["kind"] + "_seen", "messages": d["messages"]})
+    with open(out_dir / "eval_prompts_seen.jsonl", "w") as f:
+        for d in seen:
+            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
     # small-talk eval prompts are new phrasings (not in the training pools)
     for q in ["Hello, nice to meet you!", "Hey there, how is it going?", "What kinds of questions can you answer?",
               "Who made you?", "Thanks, that helps!", "Good morning, friend."]:
         eval_set.append({"kind": "small_talk_heldout", "messages": [q, ""]})
     rng.shuffle(train)
+    rng.shuffle(eval_set)
     # multi-turn: merge some chats (optionally starting with a greeting)
     docs = []
     i = 0

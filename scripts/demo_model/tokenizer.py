@@ -86,12 +86,13 @@ def encode_corpus(corpus_dir, tok_dir, out_dir):
         i += len(e.ids) + 1
     np.save(out_dir / "train_tokens.npy", arr)
     # eval prompts, rendered with the chat template (generation prompt added)
-    prompts = []
-    for l in open(corpus_dir / "eval_prompts.jsonl"):
-        d = json.loads(l)
-        text = f"<|im_start|>user\n{d['prompt']}<|im_end|>\n<|im_start|>assistant\n"
-        prompts.append({"kind": d["kind"], "prompt": d["prompt"], "ids": tok.encode(text).ids})
-    (out_dir / "eval_prompts.json").write_text(json.dumps(prompts))
+    for name in ("eval_prompts", "eval_prompts_seen"):
+        prompts = []
+        for l in open(corpus_dir / f"{name}.jsonl"):
+            d = json.loads(l)
+            text = f"<|im_start|>user\n{d['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+            prompts.append({"kind": d["kind"], "prompt": d["prompt"], "ids": tok.encode(text).ids})
+        (out_dir / f"{name}.json").write_text(json.dumps(prompts))
     chars = sum(len(t) for t in texts)
     info = {"tokens": int(n), "chars": chars, "chars_per_token": round(chars / n, 3),
             "eval_prompts": len(prompts)}

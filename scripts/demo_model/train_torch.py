@@ -108,7 +108,7 @@ class DemoModel(nn.Module):
             inputs.append(x)
             xs = torch.cat(inputs, 1)  # [B, d*N, H]
             pos = torch.cat([torch.arange(N, device=dev) + a for a in range(d)])[None].expand(B, -1)
-            pe = rot(xs, pos)
+            pe = rot(xs, pos[None].expand(3, -1, -1))
             if d == 1:
                 mask = None  # plain causal
             else:
@@ -338,7 +338,7 @@ def main():
     ap.add_argument("--distill", type=float, default=0.5, help="fraction of the MTP loss that is KL to the trunk")
     ap.add_argument("--head-only", action="store_true", help="freeze the trunk, train the MTP head only")
     ap.add_argument("--resume", default=None, help="prefix of saved shards to start from")
-    ap.add_argument("--eval-prompts", type=int, default=200)
+    ap.add_argument("--eval-prompts", type=int, default=400)
     ap.add_argument("--eval-depth", type=int, default=3)
     ap.add_argument("--eval-max-new", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -417,20 +417,25 @@ def main():
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             L = losses(model, ids, a.eval_depth, 1.0, 0.5, 1.0)
         res["loss"] = {k: round(v.item(), 4) for k, v in L.items()}
-    prompts = [e["ids"] for e in evalp]
-    kinds = [e["kind"] for e in evalp]
     te = time.time()
-    for temp in (0.6, 0.0):
-        replies = generate(model, prompts, temp, max_new=a.eval_max_new, seed=a.seed)
-        acc = acceptance(model, prompts, replies, temp, depth=a.eval_depth, kinds=kinds)
-        res[f"accept_T{temp}"] = acc
-        res[f"mean_reply_tokens_T{temp}"] = round(float(np.mean([len(r) for r in replies])), 1)
-        if temp == 0.6:
-            res["samples"] = [{"prompt": e["prompt"], "reply_ids": r} for e, r in zip(evalp[:40], replies[:40])]
-        P(f"T={temp} acceptance {acc}")
+    sets = [("", evalp)]
+    seen_path = Path(a.data) / "eval_prompts_seen.json"
+    if seen_path.exists():
+        sets.append(("seen_", json.loads(seen_path.read_text())[: a.eval_prompts]))
+    for tag, ev in sets:
+        prompts = [e["ids"] for e in ev]
+        kinds = [e["kind"] for e in ev]
+        for temp in (0.6, 0.0):
+            replies = generate(model, prompts, temp, max_new=a.eval_max_new, seed=a.seed)
+            acc = acceptance(model, prompts, replies, temp, depth=a.eval_depth, kinds=kinds)
+            res[f"{tag}accept_T{temp}"] = acc
+            res[f"{tag}mean_reply_tokens_T{temp}"] = round(float(np.mean([len(r) for r in replies])), 1)
+            if temp == 0.6:
+                res[f"{tag}samples"] = [{"prompt": e["prompt"], "reply_ids": r} for e, r in zip(ev[:40], replies[:40])]
+            P(f"{tag}T={temp} acceptance {acc}")
     res["eval_seconds"] = round(time.time() - te)
     (out / f"{a.name}.json").write_text(json.dumps(res))
-    P("done", json.dumps({k: v for k, v in res.items() if k not in ("samples", "args")}))
+    P("done", json.dumps({k: v for k, v in res.items() if "samples" not in k and k != "args"}))
 
 
 if __name__ == "__main__":
