@@ -52,6 +52,15 @@ THEME = gr.themes.Soft(
     font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
 )
 
+# The sampler sidebar starts open on desktops; on a phone it would cover the page.
+CLOSE_SIDEBAR_ON_PHONES = """() => {
+  if (window.innerWidth < 900) {
+    const panel = document.querySelector('#sampler-panel.open');
+    const button = panel && panel.querySelector('.toggle-button');
+    if (button) button.click();
+  }
+}"""
+
 RACE_PROMPT = "Explain in a few sentences what a noun is, with an example."
 
 
@@ -100,9 +109,9 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                     send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="chat-send")
                     stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="chat-stop")
                 with gr.Row():
-                    regen = gr.Button("Regenerate", size="sm", elem_id="chat-regenerate")
-                    undo = gr.Button("Undo", size="sm", elem_id="chat-undo")
-                    clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
+                    regen = gr.Button("Regenerate", size="sm", min_width=90, elem_id="chat-regenerate")
+                    undo = gr.Button("Undo", size="sm", min_width=70, elem_id="chat-undo")
+                    clear = gr.Button("Clear", size="sm", min_width=70, elem_id="chat-clear")
 
             with gr.Tab("Race", id="race", elem_id="tab-race"):
                 gr.Markdown("AR and MTP decode the same prompt with the same sampler and seed. The device is "
@@ -149,6 +158,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
         # --- page life ------------------------------------------------------------------
         demo.load(lambda h: clean_history(h), saved, chatbot, queue=False, api_visibility="private")
+        demo.load(None, js=CLOSE_SIDEBAR_ON_PHONES)
 
         def on_unload(request: gr.Request):   # tab closed: free the model
             stops.stop_session(session_of(request))

@@ -1,0 +1,157 @@
+"""A real browser (Debian chromium driven by Playwright) against the launched app.
+
+Skips only when /usr/bin/chromium (or the playwright package) is absent. Screenshots go to
+$MTP_CHAT_SCREENSHOTS (default artifacts/screenshots).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, LONG_PROMPT, make_host, screenshot_dir, served
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+
+TIMEOUT = 30_000
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_model_dir):
+    # greedy: on the tiny checkpoint LONG_PROMPT then runs > 1000 tokens, long enough to stop
+    host = make_host(tiny_model_dir, temperature=0.0, top_p=1.0, top_k=0, max_tokens=200)
+    with served(host) as (url, demo):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_url):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    pg.set_default_timeout(TIMEOUT)
+    outside = []
+    pg.on("request", lambda r: outside.append(r.url) if not r.url.startswith((app_url, "data:", "blob:")) else None)
+    pg.goto(app_url)
+    pg.wait_for_selector("#chat-input textarea")
+    pg.outside_requests = outside
+    yield pg
+    ctx.close()
+
+
+def set_number(pg, elem_id, value):
+    box = pg.locator(f"#{elem_id} input")
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def bot_text(pg):
+    return pg.locator("#chatbot [data-testid='bot']").first.inner_text() if pg.locator(
+        "#chatbot [data-testid='bot']").count() else ""
+
+
+def wait_stats(pg, needle, timeout=TIMEOUT):
+    pg.wait_for_function(
+        "n => [...document.querySelectorAll('#chatbot .thought')].some(e => e.innerText.includes(n))",
+        arg=needle, timeout=timeout)
+    return pg.locator("#chatbot .thought").last.inner_text()
+
+
+def test_chat_streams_and_shows_stats(page):
+    set_number(page, "max-tokens", 200)
+    page.fill("#chat-input textarea", "Tell me a story")
+    page.click("#chat-send")
+    page.wait_for_selector("#chatbot [data-testid='user']")
+    lengths = set()
+    t0 = time.time()
+    while time.time() - t0 < 20:
+        lengths.add(len(bot_text(page)))
+        if page.locator("#chatbot .thought").count():
+            break
+        time.sleep(0.03)
+    stats = wait_stats(page, "tok/s")
+    assert len(lengths - {0}) >= 2, f"streamed in several updates, saw lengths {sorted(lengths)}"
+    assert re.search(r"MTP · \d+ tokens · [\d.]+ tok/s · TTFT", stats)
+    assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == "Tell me a story"
+    page.screenshot(path=str(screenshot_dir() / "chat.png"), full_page=True)
+    assert page.outside_requests == [], "the page must not call out"
+
+
+def test_stop_mid_stream_then_history_survives_reload(page):
+    page.click("#chat-clear")
+    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
+    set_number(page, "max-tokens", 1100)
+    page.fill("#chat-input textarea", LONG_PROMPT)
+    page.click("#chat-send")
+    page.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
+                           " return b && b.innerText.length > 20; }")
+    page.click("#chat-stop")
+    stats = wait_stats(page, "stopped", timeout=5_000)
+    n = int(re.search(r"(\d+) tokens", stats).group(1))
+    assert 0 < n < 1100
+    page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
+    # History lives in the browser (localStorage): a reload brings it back
+    page.reload()
+    page.wait_for_selector("#chatbot [data-testid='user']")
+    assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
+    wait_stats(page, "stopped")
+
+
+def test_race_fills_both_lanes_with_stats_and_colours(page):
+    page.click("#tab-race-button")
+    set_number(page, "max-tokens", 300)
+    page.click("#race-start")
+    both_running = False
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        lanes = page.evaluate("() => ['ar','mtp'].map(k => { const e = document.querySelector("
+                              "'#race-lane-' + k + ' .race-lane'); return e ? [e.dataset.state, +e.dataset.tokens] : null; })")
+        if all(l and l[0] == "running" and l[1] > 0 for l in lanes):
+            both_running = True
+        if all(l and l[0] == "done" for l in lanes):
+            break
+        time.sleep(0.05)
+    assert both_running, "both lanes should fill live, side by side"
+    page.wait_for_selector("#race-lane-ar .race-lane[data-state='done']")
+    page.wait_for_selector("#race-lane-mtp .race-lane[data-state='done']")
+    page.wait_for_selector("#race-stats .speedup")
+    speed = page.locator("#race-stats .speedup").inner_text()
+    assert re.search(r"[\d.]+×", speed), speed
+    assert page.locator("#race-lane-mtp .tok-draft, #race-lane-mtp .tok-correction, #race-lane-mtp .tok-bonus").count() > 0
+    assert page.locator("#race-lane-mtp .race-legend").is_visible()
+    assert page.locator("#race-chart svg path[data-series]").count() == 2
+    stats = page.locator("#race-stats").inner_text()
+    for word in ("tok/s", "time to first token", "acceptance rate", "tokens per cycle", "draft depth"):
+        assert word in stats
+    page.screenshot(path=str(screenshot_dir() / "race.png"), full_page=True)
+
+
+def test_phone_viewport_and_separate_histories(browser, app_url):
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                              device_scale_factor=2)
+    pg = ctx.new_page()
+    pg.set_default_timeout(TIMEOUT)
+    pg.goto(app_url)
+    pg.wait_for_selector("#chat-input textarea")
+    # a new browser is a new user: its own (empty) history
+    assert pg.locator("#chatbot [data-testid='user']").count() == 0
+    for elem in ("#chat-input textarea", "#chat-send", "#chat-stop", "#chatbot"):
+        assert pg.locator(elem).is_visible(), elem
+    overflow = pg.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, f"page scrolls sideways by {overflow}px on a phone"
+    pg.fill("#chat-input textarea", "Hi")
+    pg.click("#chat-send")
+    wait_stats(pg, "tok/s")
+    pg.screenshot(path=str(screenshot_dir() / "phone.png"), full_page=True)
+    ctx.close()
