@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
 from .costs import DepthPolicy, measure_costs, _CACHE as _COSTS
-from .sampling import KeyStream, SamplerConfig, all_finite, categorical, check_finite
+from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
 from .stats import GenerationStats
 from .stream import Lane, prefill
 
@@ -48,7 +48,7 @@ class SpeculativeDecoder(Lane):
     mode = "mtp"
 
     def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0,
-                 depth: Union[int, str] = 1, max_depth: int = 4):
+                 depth: Union[int, str] = _DEFAULT["depth"], max_depth: int = _DEFAULT["max_depth"]):
         super().__init__(adapter, sampler, seed)
         if depth != "auto" and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
             raise ValueError(f"depth must be an integer >= 1 or 'auto', got {depth!r}")
@@ -88,16 +88,16 @@ class SpeculativeDecoder(Lane):
                 continue
 
             # 1. Draft: the MTP head catches up on the new positions, then runs recursively.
-            drafts, qs = [], []
+            drafts, qs, draft_logits = [], [], []
             h, t = feed_h, feed_t
             for _ in range(depth):
-                g = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
-                q = sampler.probs(ad.lm_head(g)[0])
-                t = mx.argmax(q, axis=-1) if sampler.greedy else categorical(q, keys.next())
-                h = g
+                h = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
+                draft_logits.append(ad.lm_head(h)[0])
+                qs.append(sampler.probs(draft_logits[-1]))
+                t = sampler.draw(qs[-1], keys.next())
                 drafts.append(t)
-                qs.append(q)
             drafts, q = mx.concatenate(drafts), mx.concatenate(qs)
+            mx.async_eval(drafts)  # the head computes while the verify graph is built
 
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
@@ -105,7 +105,7 @@ class SpeculativeDecoder(Lane):
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
-            ok = mx.logical_and(all_finite(logits), mx.all(mx.isfinite(q)))
+            ok = mx.logical_and(all_finite(logits), all_finite(mx.concatenate(draft_logits)))
             mx.eval(accepted, corrections, bonus, drafts, ok)
             check_finite(ok.item(), "target model or MTP head")
             n = accepted_prefix(accepted.tolist())

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .settings import Settings
+
+_DEFAULT = {name: field.default for name, field in Settings.model_fields.items()}
+
 
 class NonFiniteLogitsError(RuntimeError):
     pass
@@ -18,10 +22,10 @@ class SamplerConfig:
     Order: temperature, top_k, top_p, min_p, renormalise.
     """
 
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    min_p: float = 0.0
+    temperature: float = _DEFAULT["temperature"]
+    top_p: float = _DEFAULT["top_p"]
+    top_k: int = _DEFAULT["top_k"]
+    min_p: float = _DEFAULT["min_p"]
 
     def __post_init__(self):
         checks = [
@@ -72,6 +76,10 @@ class SamplerConfig:
         if self.greedy:
             return mx.argmax(logits, axis=-1)
         return categorical(self.probs(logits), key)
+
+    def draw(self, p: mx.array, key: mx.array) -> mx.array:
+        """One token per row of an already filtered distribution p [..., V]."""
+        return mx.argmax(p, axis=-1) if self.greedy else categorical(p, key)
 
 
 def categorical(p: mx.array, key: mx.array) -> mx.array:
