@@ -57,10 +57,13 @@ class SpeculativeDecoder(Lane):
         # Costs are measured once per adapter ('auto' needs them; fixed depths reuse them if known).
         self.costs = measure_costs(adapter, max_width=self.max_depth + 1) if depth == "auto" else _COSTS.get(adapter)
 
+    def _make_caches(self):
+        return self.adapter.make_cache(), self.adapter.make_mtp_cache()
+
     def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
         ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed)
         policy = DepthPolicy(self.depth, self.max_depth, self.costs)
-        cache, mtp_cache = ad.make_cache(), ad.make_mtp_cache()
+        cache, mtp_cache = self._make_caches()
 
         logits, hidden = prefill(ad, prompt, cache)
         first = sampler.sample(logits, keys.next())

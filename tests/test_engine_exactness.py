@@ -182,3 +182,41 @@ def test_sampler_probs_filters():
 def test_sampler_refuses_nonsense(kwargs):
     with pytest.raises(ValueError):
         SamplerConfig(**kwargs)
+
+
+class _KeepsCaches(SpeculativeDecoder):
+    """The real decoder; the test keeps a reference to the caches it decodes with."""
+
+    def _make_caches(self):
+        self.caches = super()._make_caches()
+        return self.caches
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("which", ["mixed", "rejecting"])
+def test_caches_after_speculation_equal_teacher_forced_ones(request, which, depth):
+    """After many partial rejections, the target cache and the head's KV history hold what
+    a run that never speculated would hold: the trunk over prompt + committed tokens, and
+    the head over (target hidden[n], token[n+1]) for every committed position."""
+    adapter = request.getfixturevalue(which)
+    prompt = PROMPTS[1]
+    decoder = _KeepsCaches(adapter, sampler=SamplerConfig(temperature=0.9, top_k=8), seed=1, depth=depth)
+    out, stats = decoder.generate(prompt, max_tokens=60)
+    assert stats.accepted < stats.proposed and (stats.accepted > 0 or which == "rejecting")
+    cache, mtp_cache = decoder.caches
+    seq = prompt + out
+    ref = adapter.make_cache()
+    _, hidden, _ = adapter.forward(mx.array([seq[:-1]]), ref)  # the last token is pending: not yet fed
+    for ours, theirs in zip(cache, ref):
+        if hasattr(ours, "offset"):
+            assert ours.offset == theirs.offset == len(seq) - 1
+            assert mx.allclose(ours.keys[..., : ours.offset, :], theirs.keys[..., : theirs.offset, :], atol=1e-4).item()
+        else:
+            assert mx.allclose(ours[1], theirs[1], atol=1e-4).item()
+            assert mx.allclose(ours[0], theirs[0], atol=1e-4).item()
+    n = mtp_cache.offset
+    assert n >= len(seq) - 3 - depth  # the head has seen every committed position but the last few
+    head_ref = adapter.make_mtp_cache()
+    adapter.mtp_forward(hidden[:, :n], mx.array([seq[1 : n + 1]]), head_ref)
+    assert mx.allclose(mtp_cache.keys[..., :n, :], head_ref.keys[..., :n, :], atol=1e-4).item()
+    assert mx.allclose(mtp_cache.values[..., :n, :], head_ref.values[..., :n, :], atol=1e-4).item()
