@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-p", type=float, default=d.min_p)
     ap.add_argument("--depth", default=str(d.depth))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=None)
+    ap.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=d.hidden_variant)
     ap.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.stream_generate lane")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
