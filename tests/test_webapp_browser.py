@@ -18,6 +18,7 @@ if not os.path.exists(CHROMIUM):
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
 
 TIMEOUT = 30_000
+STOPS = []   # the served app's stop registry (to see when the model is free)
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +26,7 @@ def app_url(tiny_model_dir):
     # greedy: on the tiny checkpoint LONG_PROMPT then runs > 1000 tokens, long enough to stop
     host = make_host(tiny_model_dir, temperature=0.0, top_p=1.0, top_k=0, max_tokens=200)
     with served(host) as (url, demo):
+        STOPS[:] = [demo.stops]
         yield url
 
 
@@ -91,7 +93,7 @@ def test_chat_streams_and_shows_stats(page):
 def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
-    set_number(page, "max-tokens", 1100)
+    set_number(page, "max-tokens", 5000)
     page.fill("#chat-input textarea", LONG_PROMPT)
     page.click("#chat-send")
     page.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
@@ -99,7 +101,7 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-stop")
     stats = wait_stats(page, "stopped", timeout=5_000)
     n = int(re.search(r"(\d+) tokens", stats).group(1))
-    assert 0 < n < 1100
+    assert 0 < n < 5000
     page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
     # History lives in the browser (localStorage): a reload brings it back
     page.reload()
@@ -155,3 +157,24 @@ def test_phone_viewport_and_separate_histories(browser, app_url):
     wait_stats(pg, "tok/s")
     pg.screenshot(path=str(screenshot_dir() / "phone.png"), full_page=True)
     ctx.close()
+
+
+def test_closing_the_tab_stops_the_decode(browser, app_url):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    pg.set_default_timeout(TIMEOUT)
+    pg.goto(app_url)
+    pg.wait_for_selector("#chat-input textarea")
+    set_number(pg, "max-tokens", 5000)
+    pg.fill("#chat-input textarea", LONG_PROMPT)
+    pg.click("#chat-send")
+    pg.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
+                         " return b && b.innerText.length > 20; }")
+    stops = STOPS[0]
+    assert stops.active() == 1
+    t0 = time.time()
+    ctx.close()                       # the tab goes away mid-reply (~25 s of decoding left)
+    while stops.active() and time.time() - t0 < 10:
+        time.sleep(0.05)
+    assert stops.active() == 0, "closing the tab must free the model"
+    assert time.time() - t0 < 5

@@ -1,6 +1,7 @@
 """The web app's event functions called directly, on the real engine and a tiny checkpoint."""
 from __future__ import annotations
 
+import threading
 import time
 
 import gradio as gr
@@ -172,3 +173,27 @@ def test_race_stop_and_validation(host):
     with pytest.raises(gr.Error, match="prompt"):
         list(race.race("  ", 1, 0.6, 0.95, 20, 0.0, 10, 0, "1"))
     assert not race.stops.busy("local:race")
+
+
+def test_streams_survive_hopping_between_threads(chat):
+    """Gradio runs each next() of a streaming event on whichever worker thread is free (and
+    those threads come and go). MLX streams are per thread, so the raw engine generator
+    fails there ("There is no Stream(cpu, N) in current thread"); the app's model thread
+    must make this work."""
+    gen = chat.respond(user(LONG_PROMPT), "mtp", "", max_tokens=120, **GREEDY)
+    outs, errors = [], []
+
+    def step():
+        try:
+            outs.append(next(gen))
+        except StopIteration:
+            outs.append(None)
+        except Exception as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    while not errors and (not outs or outs[-1] is not None):
+        t = threading.Thread(target=step)   # a fresh thread for every step
+        t.start()
+        t.join()
+    assert not errors, errors
+    assert "tok/s" in outs[-2][-1]["metadata"]["title"]

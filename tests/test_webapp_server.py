@@ -78,7 +78,8 @@ def test_two_users_are_served_one_after_the_other_with_their_own_histories(app_u
     jb = b.submit(user("I am Bob"), "ar", "", *GREEDY, 200, 0, "1", api_name="/respond")
     ra, rb = ja.result(), jb.result()
     assert ra[0]["content"][0]["text"] == "I am Ann" and rb[0]["content"][0]["text"] == "I am Bob"
-    assert "MTP" in ra[-1]["metadata"]["title"] and "AR" in rb[-1]["metadata"]["title"]
+    assert "MTP" in ra[-1]["metadata"]["title"], ra[-1]
+    assert "AR" in rb[-1]["metadata"]["title"], rb[-1]
 
 
 def test_cancel_frees_the_model(app_url):

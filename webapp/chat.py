@@ -153,7 +153,7 @@ class ChatHandlers:
                 yield history + [assistant("(stopped before it started)", title="⏹ stopped")]
                 return
             ids = self.host.prompt_ids(prompt_messages(history, system_prompt))
-            stream = self.host.decoder(mode, params).stream(ids, max_tokens=params.max_tokens, stop=stop)
+            stream = self.host.stream(mode, params, ids, stop=stop)
             last = 0.0
             for ev in stream:
                 text += ev.text

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .params import RunParams
+from .worker import ModelWorker, WorkerStream
 
 WARMUP_PROMPT = "Hello!"
 AR_REFERENCE_MIN_TOKENS = 8
@@ -32,7 +33,8 @@ def describe_runtime() -> str:
 class ModelHost:
     """The loaded adapter plus the decoder factory, warm-up and a running AR speed reference."""
 
-    def __init__(self, adapter, settings, path: Optional[Path] = None):
+    def __init__(self, adapter, settings, path: Optional[Path] = None, worker: Optional[ModelWorker] = None):
+        self.worker = worker or ModelWorker()
         self.adapter = adapter
         self.settings = settings
         self.path = Path(path) if path is not None else None
@@ -52,9 +54,10 @@ class ModelHost:
         path = Path(path)
         log(f"Loading model from {path} ...")
         t0 = time.perf_counter()
-        adapter = load_adapter(path, hidden_variant=settings.hidden_variant)
+        worker = ModelWorker()   # the model lives on its own thread (see worker.py)
+        adapter = worker.call(load_adapter, path, hidden_variant=settings.hidden_variant)
         log(f"Loaded in {time.perf_counter() - t0:.1f} s")
-        return cls(adapter, settings, path)
+        return cls(adapter, settings, path, worker)
 
     # --- decoding -----------------------------------------------------------------
     def decoder(self, mode: str, params: RunParams):
@@ -64,6 +67,11 @@ class ModelHost:
         if mode == "ar":
             return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed)
         return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth)
+
+    def stream(self, mode: str, params: RunParams, prompt_ids: List[int], stop=None) -> WorkerStream:
+        """The engine's event stream for one reply, stepped on the model thread."""
+        return self.worker.stream(lambda: self.decoder(mode, params).stream(
+            prompt_ids, max_tokens=params.max_tokens, stop=stop))
 
     def prompt_ids(self, messages: List[dict]) -> List[int]:
         from core import chat_prompt_ids
@@ -75,7 +83,7 @@ class ModelHost:
         ids = self.prompt_ids([{"role": "user", "content": WARMUP_PROMPT}])
         t0 = time.perf_counter()
         for mode in ("ar", "mtp"):
-            _, stats = self.decoder(mode, params).generate(ids, max_tokens=tokens)
+            _, stats = self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
             if mode == "ar":
                 self.note_ar_speed(stats.tokens_per_second, stats.generated_tokens)
         log(f"Warm-up done in {time.perf_counter() - t0:.1f} s"

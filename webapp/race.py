@@ -173,8 +173,8 @@ class RaceHandlers:
             for lane in lanes:
                 lane.close()
             lanes[:] = [
-                TimedLane("ar", self.host.decoder("ar", params).stream(ids, max_tokens=params.max_tokens, stop=stop), record=record),
-                TimedLane("mtp", self.host.decoder("mtp", params).stream(ids, max_tokens=params.max_tokens, stop=stop), record=record),
+                TimedLane("ar", self.host.stream("ar", params, ids, stop=stop), record=record),
+                TimedLane("mtp", self.host.stream("mtp", params, ids, stop=stop), record=record),
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
             note = f"run {run + 1}/{n_runs}" if n_runs > 1 else ""

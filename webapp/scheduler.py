@@ -34,20 +34,26 @@ class TimedLane:
     record: Callable[[Any], Any] = lambda ev: ev
 
     def step(self) -> None:
-        """Advance by one event; the time spent inside ``next()`` is added to the clock."""
+        """Advance by one event; the time spent inside ``next()`` is added to the clock
+        (or, for a stream with ``timed_next()``, the compute time it measured itself)."""
         if self.done:
             return
+        timed_next = getattr(self.stream, "timed_next", None)
         t0 = self.timer()
+        dt = None
         try:
-            ev = next(self.stream)
+            if timed_next is not None:      # the stream times its own compute (see worker.py)
+                ev, dt = timed_next()
+            else:
+                ev = next(self.stream)
         except StopIteration:
             ev = None
-            self.done = True
         except Exception as exc:  # a failing lane stops; the caller reports it
             ev = None
-            self.done = True
             self.error = exc
-        self.clock += self.timer() - t0
+        if ev is None:
+            self.done = True
+        self.clock += dt if dt is not None else self.timer() - t0
         self.steps += 1
         if ev is not None:
             self.events.append((self.clock, self.record(ev)))
