@@ -178,3 +178,28 @@ def test_closing_the_tab_stops_the_decode(browser, app_url):
         time.sleep(0.05)
     assert stops.active() == 0, "closing the tab must free the model"
     assert time.time() - t0 < 5
+
+
+def test_second_user_waits_in_the_queue_with_a_visible_position(browser, app_url):
+    ctxs = [browser.new_context(viewport={"width": 1280, "height": 900}) for _ in range(2)]
+    pages = [c.new_page() for c in ctxs]
+    for pg in pages:
+        pg.set_default_timeout(TIMEOUT)
+        pg.goto(app_url)
+        pg.wait_for_selector("#chat-input textarea")
+    first, second = pages
+    set_number(first, "max-tokens", 5000)
+    first.fill("#chat-input textarea", LONG_PROMPT)
+    first.click("#chat-send")
+    first.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
+                            " return b && b.innerText.length > 20; }")
+    second.fill("#chat-input textarea", "Who goes next?")
+    second.click("#chat-send")
+    second.wait_for_function("() => /queue: *1\\/1/.test(document.querySelector('#chatbot').innerText)")
+    first.click("#chat-stop")                          # frees the model for the next user
+    wait_stats(first, "stopped", timeout=5_000)
+    wait_stats(second, "tok/s")
+    assert second.locator("#chatbot [data-testid='user']").first.inner_text().strip() == "Who goes next?"
+    assert first.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
+    for c in ctxs:
+        c.close()

@@ -135,7 +135,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
         # --- chat events ----------------------------------------------------------------
         respond_args = dict(fn=chat.respond, inputs=[chatbot, mode, system] + sampler, outputs=chatbot,
-                            show_progress="minimal", **MODEL_QUEUE)
+                            show_progress="full", **MODEL_QUEUE)
         save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
 
         gr.on([msg.submit, send.click], chat.submit, [msg, chatbot], [msg, chatbot], queue=False,
@@ -152,7 +152,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
         # --- race events ----------------------------------------------------------------
         start.click(race.arm, None, start, queue=False, api_visibility="private").then(
             race.race, [race_prompt, repeats] + sampler, [lane_ar, lane_mtp, race_stats, race_chart, race_json],
-            api_name="race", show_progress="minimal", **MODEL_QUEUE).then(
+            api_name="race", show_progress="full", show_progress_on=[lane_ar, lane_mtp], **MODEL_QUEUE).then(
             lambda: gr.update(interactive=True), None, start, queue=False, api_visibility="private")
         race_stop.click(race.stop, None, None, queue=False, api_name="race_stop")
 
