@@ -150,3 +150,10 @@ def test_cli_refuses_bad_input_clearly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "webapp", "--auth", "nopassword"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "USER:PASS" in r.stderr
+
+
+def test_the_server_does_not_serve_files(app_url, tiny_model_dir):
+    for path in ("/etc/passwd", str(Path(tiny_model_dir) / "config.json"), "README.md", "webapp/app.py"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{app_url}/gradio_api/file={path}", timeout=10)
+        assert err.value.code in (403, 404), path

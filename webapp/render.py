@@ -89,11 +89,18 @@ def legend_html() -> str:
 def _segments_html(segments: Sequence[Tuple[str, Optional[str]]], coloured: bool) -> str:
     if not coloured:
         return esc("".join(t for t, _ in segments))
-    out = []
+    runs: List[Tuple[str, Optional[str]]] = []   # neighbours of one origin share a span
     for text, origin in segments:
         if not text:
             continue
-        cls, bg, _ = ORIGINS.get(origin or "target", ORIGINS["target"])
+        origin = origin if origin in ORIGINS else "target"
+        if runs and runs[-1][1] == origin:
+            runs[-1] = (runs[-1][0] + text, origin)
+        else:
+            runs.append((text, origin))
+    out = []
+    for text, origin in runs:
+        cls, bg, _ = ORIGINS[origin]
         if origin in (None, "target"):
             out.append(f'<span class="tok {cls}">{esc(text)}</span>')
         else:

@@ -9,22 +9,43 @@ serialises model work across every app in the process, whatever the queue does.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 
 class ModelWorker:
+    """A daemon thread that runs submitted calls one at a time.
+
+    Not a ThreadPoolExecutor: its thread is joined at interpreter exit, and a thread that
+    has used MLX ending that late aborts the process ("terminate called without an active
+    exception", exit status 134). A daemon thread that never ends avoids that.
+    """
+
     def __init__(self, name: str = "mtp-model"):
-        self._ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._ident = self._ex.submit(threading.get_ident).result()
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, args, kwargs, future = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
 
     def call(self, fn: Callable, *args, **kwargs) -> Any:
         """Run ``fn`` on the model thread and return its result (or raise its exception)."""
-        if threading.get_ident() == self._ident:
+        if threading.current_thread() is self._thread:
             return fn(*args, **kwargs)
-        return self._ex.submit(fn, *args, **kwargs).result()
+        future: Future = Future()
+        self._jobs.put((fn, args, kwargs, future))
+        return future.result()
 
     def stream(self, factory: Callable[[], Iterator[Any]]) -> "WorkerStream":
         return WorkerStream(self, factory)
