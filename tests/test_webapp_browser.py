@@ -156,6 +156,10 @@ def test_phone_viewport_and_separate_histories(browser, app_url):
     pg.click("#chat-send")
     wait_stats(pg, "tok/s")
     pg.screenshot(path=str(screenshot_dir() / "phone.png"), full_page=True)
+    pg.click("#tab-race-button")
+    assert pg.locator("#race-start").is_visible() and pg.locator("#race-lane-mtp").is_visible()
+    assert pg.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 1
+    pg.screenshot(path=str(screenshot_dir() / "phone-race.png"), full_page=True)
     ctx.close()
 
 

@@ -125,7 +125,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                     start = gr.Button("Start race", variant="primary", elem_id="race-start")
                     race_stop = gr.Button("Stop", variant="stop", elem_id="race-stop")
                 empty = race.reset(default_depth)
-                with gr.Row(equal_height=False):
+                with gr.Row(equal_height=False, elem_id="race-lanes"):
                     lane_ar = gr.HTML(empty[0], elem_id="race-lane-ar", min_width=280)
                     lane_mtp = gr.HTML(empty[1], elem_id="race-lane-mtp", min_width=280)
                 race_stats = gr.HTML("", elem_id="race-stats")

@@ -38,7 +38,10 @@ CSS = """
 .race-stats .speedup { font-size: 1.25em; font-weight: 600; margin: 6px 0; }
 .race-chart svg { width: 100%; height: auto; max-height: 300px; }
 .mtp-banner { font-size: 0.9em; opacity: 0.85; }
-@media (max-width: 640px) { .race-lane { min-height: 120px; } .race-lane .lane-text { max-height: 260px; } }
+@media (max-width: 640px) {
+  .race-lane { min-height: 120px; } .race-lane .lane-text { max-height: 260px; }
+  #race-lanes { flex-direction: column; }   /* phones: AR above MTP, each full width */
+}
 """
 
 
