@@ -21,6 +21,7 @@ from mlx_lm.models.qwen3_5 import TextModelArgs
 from . import sidecar
 from .checkpoint import text_config
 from .contract import MTPContract
+from .cpu_layout import to_row_major
 from .errors import CheckpointError
 from .mtp_head import build_mtp_head
 
@@ -52,6 +53,12 @@ class Qwen35Adapter:
         self.compute_dtype = compute_dtype
         self.inner = model.language_model.model
         self._tied = model.language_model.args.tie_word_embeddings
+        # A row-major copy of the tied table for the output projection (see cpu_layout).
+        self._head_t = (
+            mx.contiguous(self.inner.embed_tokens.weight.T)
+            if self._tied and compute_dtype == "float32" and mx.default_device() == mx.cpu
+            else None
+        )
         self._pre_norm = contract.hidden_variant == "pre_norm"
 
     # -- caches -------------------------------------------------------------------------
@@ -63,6 +70,8 @@ class Qwen35Adapter:
 
     # -- trunk ----------------------------------------------------------------------------
     def lm_head(self, x: mx.array) -> mx.array:
+        if self._head_t is not None:
+            return x @ self._head_t
         if self._tied:
             return self.inner.embed_tokens.as_linear(x)
         return self.model.language_model.lm_head(x)
@@ -268,6 +277,8 @@ def load(path: Path, config: dict, *, hidden_variant: Optional[str] = None, comp
         for module in (model, head):
             dequantize_model(module)
             module.set_dtype(mx.float32)
+            if mx.default_device() == mx.cpu:
+                to_row_major(module)
         mx.eval(model.parameters(), head.parameters())
 
     layers = model.language_model.model.layers
