@@ -90,6 +90,19 @@ def test_chat_streams_and_shows_stats(page):
     assert page.outside_requests == [], "the page must not call out"
 
 
+def test_regenerate_and_undo(page):
+    before = bot_text(page)
+    page.evaluate("() => document.querySelectorAll('#chatbot .thought').forEach(e => e.remove())")
+    page.click("#chat-regenerate")
+    wait_stats(page, "tok/s")
+    assert page.locator("#chatbot [data-testid='user']").count() == 1
+    assert bot_text(page) == before              # greedy: the same reply again
+    page.click("#chat-undo")
+    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
+    assert page.locator("#chat-input textarea").input_value() == "Tell me a story"
+    page.fill("#chat-input textarea", "")
+
+
 def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
