@@ -66,7 +66,8 @@ class ModelHost:
         sampler = params.sampler()
         if mode == "ar":
             return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed)
-        return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth)
+        return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth,
+                                  max_depth=self.max_depth)
 
     def stream(self, mode: str, params: RunParams, prompt_ids: List[int], stop=None) -> WorkerStream:
         """The engine's event stream for one reply, stepped on the model thread."""
