@@ -165,19 +165,45 @@ def _gdn_capturing(attn, x: mx.array, mask, cache):
     state = cache[1]
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    # gated_delta_update's own dispatch: the Metal kernel on Apple GPUs, ops elsewhere.
-    step = gated_delta_kernel if _use_kernel(attn, k) else gated_delta_ops
-    outs, states = [], []
-    for t in range(S):
-        sl = slice(t, t + 1)
-        o, state = step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state,
-                        None if mask is None else mask[:, sl])
-        outs.append(o)
-        states.append(state)
+    if mask is None and not _use_kernel(attn, k):
+        # One compiled graph for all verified positions instead of S separate steps.
+        rep = attn.num_v_heads // attn.num_k_heads
+        if rep > 1:
+            q, k = mx.repeat(q, rep, -2), mx.repeat(k, rep, -2)
+        y, all_states = _recurrence(q, k, v, g, beta, state)
+        states = [all_states[t] for t in range(S)]
+        outs, state = [y], states[-1]
+    else:
+        # gated_delta_update's own dispatch: the Metal kernel on Apple GPUs, ops elsewhere.
+        step = gated_delta_kernel if _use_kernel(attn, k) else gated_delta_ops
+        outs, states = [], []
+        for t in range(S):
+            sl = slice(t, t + 1)
+            o, state = step(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state,
+                            None if mask is None else mask[:, sl])
+            outs.append(o)
+            states.append(state)
     cache[1] = state
     cache.advance(S)
     out = attn.norm(mx.concatenate(outs, axis=1), z)
     return attn.out_proj(out.reshape(B, S, -1)), (conv_input, states)
+
+
+@mx.compile
+def _recurrence(q, k, v, g, beta, state):
+    """The gated delta rule over T positions (q, k already at v's head count), every state kept.
+
+    The same arithmetic as mlx-lm's per-step ops, traced once per width.
+    """
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        state = state * g[:, t, :, None, None]
+        kv_mem = (state * k[:, t, :, None, :]).sum(axis=-1)
+        delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
+        state = state + k[:, t, :, None, :] * delta[..., None]
+        ys.append((state * q[:, t, :, None, :]).sum(axis=-1).astype(q.dtype))
+        states.append(state)
+    return mx.stack(ys, axis=1), mx.stack(states)
 
 
 def _use_kernel(attn, k: mx.array) -> bool:
