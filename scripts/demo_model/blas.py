@@ -1,7 +1,11 @@
-"""Preload OpenBLAS before mlx.core is imported (MLX's Linux CPU wheel bundles the slow reference BLAS)."""
+"""Fast BLAS before mlx.core is imported (MLX's Linux CPU wheel bundles the slow reference BLAS).
+
+Uses the project's own preload (adapters.runtime) when importable, else loads OpenBLAS directly.
+"""
 import ctypes
 import os
 import sys
+from pathlib import Path
 
 CANDIDATES = [
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so",
@@ -10,11 +14,18 @@ CANDIDATES = [
 ]
 
 
-def preload_openblas(verbose: bool = False) -> str | None:
+def preload_openblas(verbose: bool = False):
+    repo = str(Path(__file__).resolve().parent.parent.parent)
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    try:
+        from adapters.runtime import preload_blas
+
+        return preload_blas()
+    except Exception:  # noqa: BLE001
+        pass
     if sys.platform != "linux":
         return None
-    if "mlx.core" in sys.modules and verbose:
-        print("warning: mlx.core already imported; OpenBLAS preload may have no effect")
     for p in CANDIDATES:
         if os.path.exists(p):
             try:
@@ -24,6 +35,4 @@ def preload_openblas(verbose: bool = False) -> str | None:
                 return p
             except OSError:
                 continue
-    if verbose:
-        print("OpenBLAS not found: MLX uses its bundled reference BLAS (slow). apt-get install libopenblas0-pthread")
     return None

@@ -122,7 +122,7 @@ ANT_Q = [
 HYPER_Q = ["What kind of thing is {a} {w}?", 'What category does "{w}" belong to?', "{A} {w} is a type of what?"]
 
 
-def wordnet_chats(rng, min_tagged=1):
+def wordnet_chats(rng, min_tagged=1, phrasings=1):
     syn = _wn_synsets()
     idx = _wn_index()
     out = []
@@ -149,13 +149,16 @@ def wordnet_chats(rng, min_tagged=1):
             if ex:
                 ans += f'\n\nFor example: "{ex}"'
             qs = DEFINE_Q + (DEFINE_Q_NOUN if t == "n" else DEFINE_Q_VERB if t == "v" else [])
-            q = rng.choice(qs).format(**fmt)
-            out.append({"kind": "define", "messages": [q, ans], "word": w, "qs": qs, "fmt": fmt})
+            used = rng.sample(qs, min(phrasings, len(qs)))
+            for q in used:
+                out.append({"kind": "define", "messages": [q.format(**fmt), ans], "word": w, "qs": qs,
+                            "fmt": fmt, "used": used})
         # example
         exs = [e for s in senses for e in s["ex"] if w.split()[0] in e.lower()]
         if exs:
-            q = rng.choice(EXAMPLE_Q).format(**fmt)
-            out.append({"kind": "example", "messages": [q, f'Here is an example sentence with "{w}":\n\n"{exs[0]}"']})
+            for q in rng.sample(EXAMPLE_Q, min(phrasings, len(EXAMPLE_Q))):
+                out.append({"kind": "example", "word": w,
+                            "messages": [q.format(**fmt), f'Here is an example sentence with "{w}":\n\n"{exs[0]}"']})
         # synonyms: other words of the first two senses
         syns = []
         for s in senses[:2]:
@@ -164,12 +167,12 @@ def wordnet_chats(rng, min_tagged=1):
                 if x.lower() != w.lower() and x not in syns and re.fullmatch(r"[A-Za-z][A-Za-z' -]*", x):
                     syns.append(x)
         if syns:
-            q = rng.choice(SYN_Q).format(**fmt)
             if len(syns) == 1:
                 ans = f'A synonym of "{w}" is "{syns[0]}".'
             else:
                 ans = f'Some synonyms of "{w}" are {_quote_list(syns[:4])}.'
-            out.append({"kind": "synonym", "messages": [q, ans]})
+            for q in rng.sample(SYN_Q, min(phrasings, len(SYN_Q))):
+                out.append({"kind": "synonym", "word": w, "messages": [q.format(**fmt), ans]})
         # antonym (lexical pointer '!')
         ants = []
         for s in senses[:3]:
@@ -184,8 +187,9 @@ def wordnet_chats(rng, min_tagged=1):
                             if x not in ants:
                                 ants.append(x)
         if ants:
-            q = rng.choice(ANT_Q).format(**fmt)
-            out.append({"kind": "antonym", "messages": [q, f'The opposite of "{w}" is "{ants[0]}".']})
+            for q in rng.sample(ANT_Q, min(phrasings, len(ANT_Q))):
+                out.append({"kind": "antonym", "word": w,
+                            "messages": [q.format(**fmt), f'The opposite of "{w}" is "{ants[0]}".']})
         # hypernym (nouns)
         if t == "n":
             hyp = [p for p in s0["ptrs"] if p[0] in ("@", "@i")]
@@ -193,8 +197,9 @@ def wordnet_chats(rng, min_tagged=1):
                 hs = syn.get((hyp[0][1], "n"))
                 if hs:
                     h = _w(hs["words"][0])
-                    q = rng.choice(HYPER_Q).format(**fmt)
-                    out.append({"kind": "hypernym", "messages": [q, f"{a.capitalize()} {w} is a kind of {h}."]})
+                    for q in rng.sample(HYPER_Q, min(phrasings, len(HYPER_Q))):
+                        out.append({"kind": "hypernym", "word": w,
+                                    "messages": [q.format(**fmt), f"{a.capitalize()} {w} is a kind of {h}."]})
     return out
 
 
@@ -486,12 +491,12 @@ def to_chat(messages):
     return "".join(f"<|im_start|>{r}\n{m}<|im_end|>\n" for r, m in zip(roles, messages))
 
 
-def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
+def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15, min_tagged=1, phrasings=1, austen_frac=1.0):
     rng = random.Random(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = {
-        "wordnet": wordnet_chats(rng),
+        "wordnet": wordnet_chats(rng, min_tagged=min_tagged, phrasings=phrasings),
         "python_faq": python_faq(rng),
         "python_glossary": python_glossary(rng),
         "quotes": fortunes(rng),
@@ -501,6 +506,8 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
         "python_prose": python_prose(),
         "austen": austen(),
     }
+    if austen_frac < 1.0:
+        parts["austen"] = parts["austen"][: int(len(parts["austen"]) * austen_frac)]
     chats = [d for k, v in parts.items() for d in v if "messages" in d]
     prose = [d for k, v in parts.items() for d in v if "text" in d]
     rng.shuffle(chats)
@@ -509,7 +516,20 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
     for d in chats:
         by_kind[d["kind"]].append(d)
     eval_set, train = [], []
+    # WordNet: held out by word (every phrasing of a held-out word leaves the training set)
+    words = sorted({d["word"] for d in chats if "word" in d})
+    held = set(rng.sample(words, max(40, int(len(words) * eval_frac * 2))))
+    first = set()
     for kind, ds in by_kind.items():
+        if ds and "word" in ds[0]:
+            for d in ds:
+                if d["word"] in held:
+                    if (d["word"], kind) not in first:
+                        first.add((d["word"], kind))
+                        eval_set.append(d)
+                else:
+                    train.append(d)
+            continue
         k = max(4, int(len(ds) * eval_frac)) if kind not in ("greeting", "identity", "thanks", "bye") else 0
         eval_set += ds[:k]
         train += ds[k:]
@@ -517,7 +537,7 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
     seen = []
     defs = [d for d in train if d["kind"] == "define" and d.get("qs")]
     for d in rng.sample(defs, min(150, len(defs))):
-        alts = [q for q in d["qs"] if q.format(**d["fmt"]) != d["messages"][0]]
+        alts = [q for q in d["qs"] if q not in d.get("used", [])] or d["qs"]
         seen.append({"kind": "define_seen", "messages": [rng.choice(alts).format(**d["fmt"]), d["messages"][1]]})
     others = [d for d in train if d["kind"] in ("synonym", "example", "antonym", "hypernym", "quote", "python_faq")]
     for d in rng.sample(others, min(100, len(others))):
@@ -567,4 +587,12 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15):
 
 if __name__ == "__main__":
     import sys
-    build(sys.argv[1] if len(sys.argv) > 1 else "artifacts/demo/corpus")
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?", default="artifacts/demo/corpus")
+    ap.add_argument("--min-tagged", type=int, default=1)
+    ap.add_argument("--phrasings", type=int, default=1)
+    ap.add_argument("--austen-frac", type=float, default=1.0)
+    a = ap.parse_args()
+    build(a.out, min_tagged=a.min_tagged, phrasings=a.phrasings, austen_frac=a.austen_frac)

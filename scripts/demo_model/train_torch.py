@@ -109,10 +109,10 @@ class DemoModel(nn.Module):
             xs = torch.cat(inputs, 1)  # [B, d*N, H]
             pos = torch.cat([torch.arange(N, device=dev) + a for a in range(d)])[None].expand(B, -1)
             pe = rot(xs, pos[None].expand(3, -1, -1))
-            if d == 1:
-                mask = None  # plain causal
-            else:
-                mask = chain_mask(N, d, dev)[None, None]
+            # explicit mask (d == 1: plain causal), so eager/sdpa attention agree
+            mask = chain_mask(N, d, dev)[None, None]
+            # additive float mask: eager adds it, sdpa accepts it too
+            mask = torch.zeros(mask.shape, dtype=xs.dtype, device=dev).masked_fill(~mask, float("-inf"))
             y = layer(xs, position_embeddings=pe, attention_mask=mask, position_ids=pos)
             y = y[:, (d - 1) * N:]
             g = mtp.norm(y)
@@ -339,6 +339,7 @@ def main():
     ap.add_argument("--head-only", action="store_true", help="freeze the trunk, train the MTP head only")
     ap.add_argument("--resume", default=None, help="prefix of saved shards to start from")
     ap.add_argument("--eval-prompts", type=int, default=400)
+    ap.add_argument("--extra-eval", action="append", default=[], help="FILE.json:TAG_ (another prompt set)")
     ap.add_argument("--eval-depth", type=int, default=3)
     ap.add_argument("--eval-max-new", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -422,6 +423,9 @@ def main():
     seen_path = Path(a.data) / "eval_prompts_seen.json"
     if seen_path.exists():
         sets.append(("seen_", json.loads(seen_path.read_text())[: a.eval_prompts]))
+    for spec in a.extra_eval:
+        fn, _, tag = spec.rpartition(":")
+        sets.append((tag, json.loads(Path(fn).read_text())[: a.eval_prompts]))
     for tag, ev in sets:
         prompts = [e["ids"] for e in ev]
         kinds = [e["kind"] for e in ev]

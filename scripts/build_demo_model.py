@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Build the bundled demo checkpoint (models/demo) from scratch, offline.
+
+Stages (run all, or any subset in order):
+
+    corpus     chat conversations from Debian packages (WordNet, Python docs, fortunes,
+               Devil's Dictionary, Jargon File, Jane Austen) -> artifacts/demo/corpus
+    tokenizer  byte-level BPE, 8192 tokens, ChatML specials; pre-tokenized stream
+               -> artifacts/demo/tokenizer, artifacts/demo/data (train_tokens.npy, eval prompts)
+    train      PyTorch trunk + MTP head, joint (scripts/demo_model/train_torch.py); on a GPU
+               in minutes, on a CPU in days (same code) -> artifacts/demo/runs/<name>-NN.safetensors
+    export     -> models/demo in the Qwythos layout (float bf16 trunk, 4-bit 29-tensor MTP sidecar)
+    verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
+
+    python scripts/build_demo_model.py                      # everything (train on whatever device torch finds)
+    python scripts/build_demo_model.py --stages corpus tokenizer
+    python scripts/build_demo_model.py --stages export verify --run artifacts/demo/runs/M1
+
+Requirements: apt-get install wordnet-base python3.11-doc fortunes fortunes-min dict-devil
+dict-jargon r-cran-janeaustenr libopenblas0-pthread; pip install torch transformers tokenizers
+rdata mlx-lm.  The shipped checkpoint was trained on one H200 (see models/demo/README.md for
+the exact run); `--max-steps 1384` reproduces its step count on any device.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HERE = REPO / "scripts" / "demo_model"
+sys.path.insert(0, str(HERE))
+
+STAGES = ("corpus", "tokenizer", "train", "export", "verify")
+# The shipped recipe (run "M1"): see models/demo/README.md.
+TEXT_CONFIG = HERE / "configs" / "h256_L12_i2.json"
+TRAIN_ARGS = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill", "0.5", "--lr", "2e-3",
+              "--batch", "64", "--seq", "512", "--variant", "post_norm"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
+    ap.add_argument("--out", default=str(REPO / "models" / "demo"))
+    ap.add_argument("--run", default=None, help="prefix of trained shards (default: <work>/runs/demo)")
+    ap.add_argument("--seconds", type=float, default=420, help="training wall-clock budget")
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (1384 = shipped)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    ap.add_argument("--mtp-bits", type=int, default=4)
+    a = ap.parse_args(argv)
+    work = Path(a.work)
+    run = a.run or str(work / "runs" / "demo")
+
+    if "corpus" in a.stages:
+        import corpus
+
+        corpus.build(work / "corpus")
+    if "tokenizer" in a.stages:
+        import tokenizer
+
+        tokenizer.train_tokenizer(work / "corpus", work / "tokenizer")
+        tokenizer.encode_corpus(work / "corpus", work / "tokenizer", work / "data")
+    if "train" in a.stages:
+        cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"),
+               "--out", str(Path(run).parent), "--name", Path(run).name, "--text-config", str(TEXT_CONFIG),
+               "--seconds", str(a.seconds)] + TRAIN_ARGS
+        if a.max_steps:
+            cmd += ["--max-steps", str(a.max_steps), "--seconds", "1e9"]
+        if a.device:
+            cmd += ["--device", a.device]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    if "export" in a.stages:
+        import export
+
+        export.export(run, TEXT_CONFIG, work / "tokenizer", a.out, mtp_bits=a.mtp_bits, hidden_variant="post_norm")
+    if "verify" in a.stages:
+        import verify
+
+        r = verify.main(a.out, run, TEXT_CONFIG)
+        if r["problems"]:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
