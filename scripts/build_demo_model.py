@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=420, help="training wall-clock budget")
     ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (1384 = shipped)")
     ap.add_argument("--device", default=None, help="torch device (default: cuda if available)")
-    ap.add_argument("--mtp-bits", type=int, default=4)
+    ap.add_argument("--mtp-bits", type=int, default=8)
     a = ap.parse_args(argv)
     work = Path(a.work)
     run = a.run or str(work / "runs" / "demo")

@@ -177,7 +177,7 @@ if __name__ == "__main__":
     ap.add_argument("--text-config", required=True)
     ap.add_argument("--tokenizer", default="artifacts/demo/tokenizer")
     ap.add_argument("--out", default="models/demo")
-    ap.add_argument("--mtp-bits", type=int, default=4)
+    ap.add_argument("--mtp-bits", type=int, default=8)
     ap.add_argument("--mtp-group-size", type=int, default=64)
     ap.add_argument("--trunk-bits", type=int, default=0)
     ap.add_argument("--variant", default="post_norm")
