@@ -9,7 +9,7 @@ Stages (run all, or any subset in order):
                -> artifacts/demo/tokenizer, artifacts/demo/data (train_tokens.npy, eval prompts)
     train      PyTorch trunk + MTP head, joint (scripts/demo_model/train_torch.py); on a GPU
                in minutes, on a CPU in days (same code) -> artifacts/demo/runs/<name>-NN.safetensors
-    export     -> models/demo in the Qwythos layout (float bf16 trunk, 4-bit 29-tensor MTP sidecar)
+    export     -> models/demo in the Qwythos layout (8-bit trunk, 8-bit 29-tensor MTP sidecar)
     verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
 
     python scripts/build_demo_model.py                      # everything (train on whatever device torch finds)
@@ -49,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (1384 = shipped)")
     ap.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     ap.add_argument("--mtp-bits", type=int, default=8)
+    ap.add_argument("--trunk-bits", type=int, default=8, help="0 = float (bf16) trunk")
     a = ap.parse_args(argv)
     work = Path(a.work)
     run = a.run or str(work / "runs" / "demo")
@@ -75,7 +76,8 @@ def main(argv=None):
     if "export" in a.stages:
         import export
 
-        export.export(run, TEXT_CONFIG, work / "tokenizer", a.out, mtp_bits=a.mtp_bits, hidden_variant="post_norm")
+        export.export(run, TEXT_CONFIG, work / "tokenizer", a.out, mtp_bits=a.mtp_bits,
+                      trunk_bits=a.trunk_bits or None, hidden_variant="post_norm")
     if "verify" in a.stages:
         import verify
 

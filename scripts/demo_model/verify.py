@@ -48,6 +48,28 @@ def torch_model(run_prefix, text_config, variant, sidecar_weights=None):
     return m
 
 
+def trunk_from_mlx(tm, mlx_model):
+    """Load the (dequantized) exported trunk back into the PyTorch model, inverting the
+    export rules, so that a quantized trunk is compared with identical weights."""
+    import torch
+    from mlx.utils import tree_flatten
+
+    from export import TRUNK_ZC_NORMS
+
+    sd = {}
+    for k, v in tree_flatten(mlx_model.parameters()):
+        v = np.array(v.astype(mx.float32))
+        name = k[len("language_model."):]
+        if name.endswith("conv1d.weight"):
+            v = np.transpose(v, (0, 2, 1))
+        elif name == "model.norm.weight" or any(name.endswith(x) for x in TRUNK_ZC_NORMS):
+            v = v - 1.0
+        sd["lm." + name] = torch.from_numpy(np.ascontiguousarray(v))
+    missing, unexpected = tm.load_state_dict(sd, strict=False)
+    assert not unexpected, unexpected
+    assert all(m.startswith("mtp.") or m == "lm.lm_head.weight" for m in missing), missing
+
+
 def dequantized_sidecar(path) -> dict:
     cfg = json.loads((Path(path) / "config.json").read_text())
     w = mx.load(str(Path(path) / cfg["mtp_file"]))
@@ -111,7 +133,14 @@ def main(path, run_prefix, text_config_path):
     tm_float = torch_model(run_prefix, tc, variant)
 
     model, tokenizer = mlx_load(str(path))
+    quantized_trunk = "quantization" in cfg
+    if quantized_trunk:
+        from mlx_lm.utils import dequantize_model
+
+        model = dequantize_model(model)
     model.set_dtype(mx.float32)
+    if quantized_trunk:  # compare with the exact (dequantized) weights; report the quantization effect
+        trunk_from_mlx(tm, model)
     from adapters import load_adapter
 
     adapter = load_adapter(path)
@@ -119,7 +148,8 @@ def main(path, run_prefix, text_config_path):
     embed = model.language_model.model.embed_tokens
     report = {"trunk_mlx_lm": 0.0, "trunk_adapter": 0.0, "hidden_adapter": 0.0, "mtp_adapter": 0.0,
               "mtp_own": 0.0, "mtp_depth2_incremental": 0.0, "mtp_quant_effect_vs_float": 0.0,
-              "greedy_agree_quant_vs_float": []}
+              "greedy_agree_quant_vs_float": [], "trunk_quant_effect_vs_float": 0.0,
+              "trunk_greedy_agree_quant_vs_float": []}
     for prompt in PROMPTS:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                              tokenize=False)
@@ -132,7 +162,11 @@ def main(path, run_prefix, text_config_path):
             tl, th = tm.trunk(ti)
             tq = tm.mtp_chain(th, ti, 2)
             tqf = tm_float.mtp_chain(th, ti, 1)[0]
+            tlf, _ = tm_float.trunk(ti)
         tl, th = tl[0].numpy(), th[0].numpy()
+        tlf = tlf[0].numpy()
+        report["trunk_quant_effect_vs_float"] = max(report["trunk_quant_effect_vs_float"], float(np.abs(tlf - tl).max()))
+        report["trunk_greedy_agree_quant_vs_float"].append(float((tlf.argmax(-1) == tl.argmax(-1)).mean()))
         tq1, tq2, tqf = tq[0][0].numpy(), tq[1][0].numpy(), tqf[0].numpy()
         # 1. mlx_lm
         ml = np.array(model(x)[0])
@@ -163,6 +197,8 @@ def main(path, run_prefix, text_config_path):
         report["mtp_depth2_incremental"] = max(report["mtp_depth2_incremental"],
                                                float(np.abs(np.array(q2[0, 0]) - tq2[i]).max()))
     report["greedy_agree_quant_vs_float"] = round(float(np.mean(report["greedy_agree_quant_vs_float"])), 4)
+    report["trunk_greedy_agree_quant_vs_float"] = round(float(np.mean(report["trunk_greedy_agree_quant_vs_float"])), 4)
+    report["trunk_quantized"] = cfg.get("quantization")
     for k in ("trunk_mlx_lm", "trunk_adapter", "hidden_adapter", "mtp_adapter", "mtp_own", "mtp_depth2_incremental"):
         if not report[k] <= TOL:
             problems.append(f"{k}: max|diff| {report[k]:.2e} > {TOL}")
