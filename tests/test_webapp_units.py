@@ -240,3 +240,31 @@ def test_cli_parsing():
     local, lan = urls("0.0.0.0", 9999, True)
     assert local == "http://127.0.0.1:9999" and all(":9999" in u for u in lan)
     assert urls("127.0.0.1", 7860, False) == ("http://127.0.0.1:7860", [])
+
+
+def test_scheduler_charges_queued_work_to_the_lane_that_left_it():
+    """A lane that leaves work queued (like the AR lane's look-ahead step) is charged for it
+    when the device switches to the other lane."""
+    clock = FakeClock()
+
+    class Lookahead:
+        def __init__(self, n):
+            self.it, self.pending = synthetic(clock, 0.002, n, []), 0.0
+
+        def __next__(self):
+            ev = next(self.it)
+            self.pending = 0.003          # queued, finished later by whoever runs next
+            return ev
+
+        def settle(self):
+            t, self.pending = self.pending, 0.0
+            clock.t += t
+            return t
+
+    la = Lookahead(50)
+    a = TimedLane("a", la, timer=clock.now)
+    b = TimedLane("b", synthetic(clock, 0.005, 20, []), timer=clock.now)
+    list(run_fair([a, b], update_interval=1, wall=lambda: 0))
+    switches = a.clock - 50 * 0.002
+    assert switches > 0.003 * 5                                   # it was charged, several times
+    assert b.clock == pytest.approx(20 * 0.005)                   # and b never was

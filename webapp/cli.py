@@ -91,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_warmup:
         print("mtp-chat: warming up ...", flush=True)
         params = parse_params(settings.temperature, settings.top_p, settings.top_k, settings.min_p,
-                              16, settings.seed, settings.depth, max_depth=settings.max_depth)
+                              32, settings.seed, settings.depth, max_depth=settings.max_depth)
         host_model.warmup(params, log=lambda m: print(f"mtp-chat: {m}", flush=True))
 
     from .app import build_app, launch

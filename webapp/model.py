@@ -15,7 +15,7 @@ from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
 WARMUP_PROMPT = "Hello!"
-AR_REFERENCE_MIN_TOKENS = 8
+AR_REFERENCE_MIN_TOKENS = 16
 
 
 def describe_runtime() -> str:
@@ -79,7 +79,7 @@ class ModelHost:
 
         return list(chat_prompt_ids(self.adapter, messages))
 
-    def warmup(self, params: RunParams, tokens: int = 16, log: Callable[[str], None] = print) -> None:
+    def warmup(self, params: RunParams, tokens: int = 32, log: Callable[[str], None] = print) -> None:
         """One short AR and MTP generation: compiles/caches kernels, measures the AR reference."""
         ids = self.prompt_ids([{"role": "user", "content": WARMUP_PROMPT}])
         t0 = time.perf_counter()

@@ -178,7 +178,10 @@ class RaceHandlers:
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
             note = f"run {run + 1}/{n_runs}" if n_runs > 1 else ""
-            for snap in run_fair(lanes, self.update_interval, stop=stop):
+            # The lane listed first goes first at a tie (the very first step, after an idle
+            # pause with cold caches): alternate it between runs.
+            order = lanes if run % 2 == 0 else lanes[::-1]
+            for snap in run_fair(order, self.update_interval, stop=stop):
                 ar = lane_view("ar", t_ar, lanes[0], snap, segs[0].feed(lanes[0].events_until(snap.t)))
                 mtp = lane_view("mtp", t_mtp, lanes[1], snap, segs[1].feed(lanes[1].events_until(snap.t)),
                             depth=params.depth)

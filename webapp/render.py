@@ -20,6 +20,7 @@ ORIGINS: Dict[str, Tuple[str, str, str]] = {
 LANE_COLORS = {"ar": "#64748b", "mtp": "#16a34a"}
 
 CSS = """
+#chatbot [role=log] { padding-top: 30px; }   /* keep the first message clear of the corner buttons */
 .race-lane { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px;
   min-height: 220px; background: var(--background-fill-secondary); }
 .race-lane .lane-head { display: flex; flex-wrap: wrap; gap: 6px 12px; align-items: baseline;

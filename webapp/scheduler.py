@@ -7,6 +7,10 @@ shared time ``t`` is the clock of the lane that is behind (every unfinished lane
 at least ``t`` seconds of compute), and each lane is shown with exactly the events it had
 committed by ``t`` on its own clock: on screen both lanes have had the same compute time.
 
+When the device switches from one lane to the other, the lane it leaves is *settled*: the
+device work it left queued (an AR lane evaluates its next step asynchronously before it
+yields) is waited for and charged to it, not to the other lane's next step.
+
 Nothing here knows about models or Gradio: lanes are any iterators of events.
 """
 from __future__ import annotations
@@ -60,6 +64,16 @@ class TimedLane:
             if getattr(ev, "finished", False):
                 self.done = True
 
+    def settle(self) -> None:
+        """Charge this lane for device work it left queued (streams with ``settle()``);
+        called when the device switches to another lane."""
+        settle = getattr(self.stream, "settle", None)
+        if settle is not None:
+            try:
+                self.clock += settle()
+            except Exception:
+                pass
+
     def events_until(self, t: float) -> List[Any]:
         """The events this lane had committed by own-clock time ``t``."""
         return [ev for (c, ev) in self.events if c <= t]
@@ -110,6 +124,7 @@ def run_fair(
     closes every lane's stream."""
     last = wall()
     t_stop = None
+    previous: Optional[TimedLane] = None
     try:
         while True:
             running = [l for l in lanes if not l.done]
@@ -123,7 +138,12 @@ def run_fair(
                     l.step()
                 break
             lane = min(running, key=lambda l: l.clock)   # ties: the first listed
+            if previous is not None and previous is not lane:
+                previous.settle()     # its queued work is its own, not the next lane's
+                previous = None
+                continue              # its clock moved: choose again
             lane.step()
+            previous = lane
             now = wall()
             if now - last >= update_interval:
                 last = now

@@ -51,6 +51,22 @@ class ModelWorker:
         return WorkerStream(self, factory)
 
 
+def synchronize() -> None:
+    """Wait until the device work queued on this thread is done.
+
+    Uses ``core.synchronize`` when the engine offers it; until then this is the one place
+    the web app reaches past core to MLX (``mx.synchronize``).
+    """
+    import core
+
+    sync = getattr(core, "synchronize", None)
+    if sync is None:
+        import mlx.core as mx
+
+        sync = mx.synchronize
+    sync()
+
+
 class WorkerStream:
     """An engine stream that lives on the model thread, iterated from any thread.
 
@@ -75,6 +91,18 @@ class WorkerStream:
         if self._it is None:
             return None, 0.0
         return self.worker.call(self._step)
+
+    def settle(self) -> float:
+        """Finish the device work this stream left queued (the AR lane evaluates its next
+        step asynchronously before yielding); returns the seconds it took, on the model thread.
+        The race calls it when it switches lanes, so that work is charged to this lane and not
+        to the next lane's first step."""
+        def run() -> float:
+            t0 = time.perf_counter()
+            synchronize()
+            return time.perf_counter() - t0
+
+        return self.worker.call(run)
 
     def __iter__(self) -> "WorkerStream":
         return self
