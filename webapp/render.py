@@ -36,7 +36,8 @@ CSS = """
 .race-stats th, .race-stats td { padding: 4px 8px; border-bottom: 1px solid var(--border-color-primary);
   text-align: right; }
 .race-stats th:first-child, .race-stats td:first-child { text-align: left; }
-.race-stats .speedup { font-size: 1.25em; font-weight: 600; margin: 6px 0; }
+.race-stats .speedup, .race-stats .repeats { font-size: 1.15em; margin: 6px 0; }
+.race-stats .speedup { font-weight: 600; }
 .race-chart svg { width: 100%; height: auto; max-height: 300px; }
 .mtp-banner { font-size: 0.9em; opacity: 0.85; }
 @media (max-width: 640px) {
@@ -156,12 +157,13 @@ def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
     ]
     head = "<tr><th></th><th>AR</th><th>MTP</th></tr>"
     sp = "–" if speedup is None else f"{speedup:.2f}×"
-    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">Speedup (MTP vs AR tok/s): {sp}</div>']
+    head = "Speedup (MTP vs AR tok/s)" + (" of this run" if repeats > 1 else "")
+    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">{head}: {sp}</div>']
     if runs:
         med = median(runs)
-        lines.append(
-            f'<div class="repeats" data-median="{med:.4f}">Runs {len(runs)}/{repeats}: '
-            + ", ".join(f"{r:.2f}×" for r in runs) + f" — median <b>{med:.2f}×</b></div>")
+        lines.insert(0 if len(runs) == repeats and repeats > 1 else 1,
+                     f'<div class="repeats" data-median="{med:.4f}">Median speedup over {len(runs)}/{repeats} runs: '
+                     f'<b>{med:.2f}×</b> ({", ".join(f"{r:.2f}×" for r in runs)})</div>')
     if note:
         lines.append(f'<div class="race-note">{esc(note)}</div>')
     return (f'<div class="race-stats" id="race-stats-body">{"".join(lines)}'
