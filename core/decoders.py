@@ -96,9 +96,9 @@ class SpeculativeDecoder(Lane):
             for _ in range(depth):
                 h = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
                 draft_logits.append(ad.lm_head(h)[0])
-                qs.append(sampler.probs(draft_logits[-1]))
-                t = sampler.draw(qs[-1], keys.next())
+                t, q = sampler.sample_with_probs(draft_logits[-1], keys.next())
                 drafts.append(t)
+                qs.append(q)
             drafts, q = mx.concatenate(drafts), mx.concatenate(qs)
             mx.async_eval(drafts)  # the head computes while the verify graph is built
 

@@ -48,38 +48,49 @@ class SamplerConfig:
 
     def probs(self, logits: mx.array) -> mx.array:
         """logits [..., V] -> fp32 probabilities [..., V] of the filtered distribution."""
-        logits = logits.astype(mx.float32)
         if self.greedy:
             top = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
-        x = logits / self.temperature
-        V = x.shape[-1]
-        if 0 < self.top_k < V:
-            kth = mx.topk(x, self.top_k, axis=-1).min(axis=-1, keepdims=True)
-            x = mx.where(x >= kth, x, -mx.inf)
+        idx, p = self._support(logits)
+        return p if idx is None else _scatter(idx, p, logits.shape)
+
+    def sample(self, logits: mx.array, key: mx.array) -> mx.array:
+        """One token per row of logits [..., V], drawn from `probs` (argmax when greedy)."""
+        return self.sample_with_probs(logits, key, dense=False)[0]
+
+    def sample_with_probs(self, logits: mx.array, key: mx.array, dense: bool = True):
+        """(token, probs) for a draft: the draw and the distribution it came from."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1), (self.probs(logits) if dense else None)
+        idx, p = self._support(logits)
+        j = categorical(p, key)
+        if idx is None:
+            return j, p
+        token = mx.take_along_axis(idx, j[..., None], axis=-1)[..., 0]
+        return token, (_scatter(idx, p, logits.shape) if dense else None)
+
+    def _support(self, logits: mx.array):
+        """(indices or None, probabilities over them): with top_k on, only k columns are kept,
+        so the rest of the filter and the draw work on k values instead of the vocabulary."""
+        x = logits.astype(mx.float32) / self.temperature
+        idx = None
+        if 0 < self.top_k < x.shape[-1]:
+            idx = mx.argpartition(-x, self.top_k - 1, axis=-1)[..., : self.top_k]
+            x = mx.take_along_axis(x, idx, axis=-1)
         p = mx.softmax(x, axis=-1)
         if self.top_p < 1.0:
-            # Keep the smallest head of the sorted distribution whose mass reaches top_p
-            # (with top_k on, only the k survivors need sorting).
-            head = mx.topk(p, self.top_k, axis=-1) if 0 < self.top_k < V else p
-            desc = -mx.sort(-head, axis=-1)
+            # Keep the smallest head of the sorted distribution whose mass reaches top_p.
+            desc = -mx.sort(-p, axis=-1)
             before = mx.cumsum(desc, axis=-1) - desc
             cutoff = mx.min(mx.where(before < self.top_p, desc, mx.inf), axis=-1, keepdims=True)
             p = mx.where(p >= cutoff, p, 0.0)
         if self.min_p > 0:
             p = mx.where(p >= self.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
-        return p / p.sum(axis=-1, keepdims=True)
+        return idx, p / p.sum(axis=-1, keepdims=True)
 
 
-    def sample(self, logits: mx.array, key: mx.array) -> mx.array:
-        """One token per row of logits [..., V], drawn from `probs` (argmax when greedy)."""
-        if self.greedy:
-            return mx.argmax(logits, axis=-1)
-        return categorical(self.probs(logits), key)
-
-    def draw(self, p: mx.array, key: mx.array) -> mx.array:
-        """One token per row of an already filtered distribution p [..., V]."""
-        return mx.argmax(p, axis=-1) if self.greedy else categorical(p, key)
+def _scatter(idx: mx.array, p: mx.array, shape) -> mx.array:
+    return mx.put_along_axis(mx.zeros(shape, dtype=mx.float32), idx, p, axis=-1)
 
 
 def categorical(p: mx.array, key: mx.array) -> mx.array:
