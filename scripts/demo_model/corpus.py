@@ -122,6 +122,11 @@ ANT_Q = [
 HYPER_Q = ["What kind of thing is {a} {w}?", 'What category does "{w}" belong to?', "{A} {w} is a type of what?"]
 
 
+def _pick(rng, pool, k):
+    """k distinct templates; k == 1 draws with rng.choice (the shipped corpus was built so)."""
+    return [rng.choice(pool)] if k == 1 else rng.sample(pool, min(k, len(pool)))
+
+
 def wordnet_chats(rng, min_tagged=1, phrasings=1):
     syn = _wn_synsets()
     idx = _wn_index()
@@ -149,14 +154,14 @@ def wordnet_chats(rng, min_tagged=1, phrasings=1):
             if ex:
                 ans += f'\n\nFor example: "{ex}"'
             qs = DEFINE_Q + (DEFINE_Q_NOUN if t == "n" else DEFINE_Q_VERB if t == "v" else [])
-            used = rng.sample(qs, min(phrasings, len(qs)))
+            used = _pick(rng, qs, phrasings)
             for q in used:
                 out.append({"kind": "define", "messages": [q.format(**fmt), ans], "word": w, "qs": qs,
                             "fmt": fmt, "used": used})
         # example
         exs = [e for s in senses for e in s["ex"] if w.split()[0] in e.lower()]
         if exs:
-            for q in rng.sample(EXAMPLE_Q, min(phrasings, len(EXAMPLE_Q))):
+            for q in _pick(rng, EXAMPLE_Q, phrasings):
                 out.append({"kind": "example", "word": w,
                             "messages": [q.format(**fmt), f'Here is an example sentence with "{w}":\n\n"{exs[0]}"']})
         # synonyms: other words of the first two senses
@@ -171,7 +176,7 @@ def wordnet_chats(rng, min_tagged=1, phrasings=1):
                 ans = f'A synonym of "{w}" is "{syns[0]}".'
             else:
                 ans = f'Some synonyms of "{w}" are {_quote_list(syns[:4])}.'
-            for q in rng.sample(SYN_Q, min(phrasings, len(SYN_Q))):
+            for q in _pick(rng, SYN_Q, phrasings):
                 out.append({"kind": "synonym", "word": w, "messages": [q.format(**fmt), ans]})
         # antonym (lexical pointer '!')
         ants = []
@@ -187,7 +192,7 @@ def wordnet_chats(rng, min_tagged=1, phrasings=1):
                             if x not in ants:
                                 ants.append(x)
         if ants:
-            for q in rng.sample(ANT_Q, min(phrasings, len(ANT_Q))):
+            for q in _pick(rng, ANT_Q, phrasings):
                 out.append({"kind": "antonym", "word": w,
                             "messages": [q.format(**fmt), f'The opposite of "{w}" is "{ants[0]}".']})
         # hypernym (nouns)
@@ -197,7 +202,7 @@ def wordnet_chats(rng, min_tagged=1, phrasings=1):
                 hs = syn.get((hyp[0][1], "n"))
                 if hs:
                     h = _w(hs["words"][0])
-                    for q in rng.sample(HYPER_Q, min(phrasings, len(HYPER_Q))):
+                    for q in _pick(rng, HYPER_Q, phrasings):
                         out.append({"kind": "hypernym", "word": w,
                                     "messages": [q.format(**fmt), f"{a.capitalize()} {w} is a kind of {h}."]})
     return out
@@ -491,7 +496,10 @@ def to_chat(messages):
     return "".join(f"<|im_start|>{r}\n{m}<|im_end|>\n" for r, m in zip(roles, messages))
 
 
-def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15, min_tagged=1, phrasings=1, austen_frac=1.0):
+def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15, min_tagged=1, phrasings=1, austen_frac=1.0,
+          holdout="conversation"):
+    """holdout: "conversation" (the shipped model: held-out conversations, stratified by kind)
+    or "word" (every phrasing of a held-out WordNet word leaves the training set; run R1)."""
     rng = random.Random(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -516,12 +524,13 @@ def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15, min_tagged=1, 
     for d in chats:
         by_kind[d["kind"]].append(d)
     eval_set, train = [], []
-    # WordNet: held out by word (every phrasing of a held-out word leaves the training set)
-    words = sorted({d["word"] for d in chats if "word" in d})
-    held = set(rng.sample(words, max(40, int(len(words) * eval_frac * 2))))
-    first = set()
+    # WordNet, holdout "word": every phrasing of a held-out word leaves the training set
+    held, first = set(), set()
+    if holdout == "word":
+        words = sorted({d["word"] for d in chats if "word" in d})
+        held = set(rng.sample(words, max(40, int(len(words) * eval_frac * 2))))
     for kind, ds in by_kind.items():
-        if ds and "word" in ds[0]:
+        if holdout == "word" and ds and "word" in ds[0]:
             for d in ds:
                 if d["word"] in held:
                     if (d["word"], kind) not in first:
@@ -594,5 +603,6 @@ if __name__ == "__main__":
     ap.add_argument("--min-tagged", type=int, default=1)
     ap.add_argument("--phrasings", type=int, default=1)
     ap.add_argument("--austen-frac", type=float, default=1.0)
+    ap.add_argument("--holdout", default="conversation", choices=["conversation", "word"])
     a = ap.parse_args()
-    build(a.out, min_tagged=a.min_tagged, phrasings=a.phrasings, austen_frac=a.austen_frac)
+    build(a.out, min_tagged=a.min_tagged, phrasings=a.phrasings, austen_frac=a.austen_frac, holdout=a.holdout)

@@ -327,6 +327,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--max-steps", type=int, default=10**9)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=0, help="split each batch (gradient accumulation; 0 = no)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.05)
@@ -395,10 +396,11 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         ids = next(it).to(dev, non_blocking=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            L = losses(model, ids, a.depth, a.mtp_w, a.distill, a.depth_w)
         opt.zero_grad(set_to_none=True)
-        L["total"].backward()
+        for mb in ids.split(a.micro_batch or a.batch):  # gradient accumulation (same update)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                L = losses(model, mb, a.depth, a.mtp_w, a.distill, a.depth_w)
+            (L["total"] * mb.shape[0] / ids.shape[0]).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
