@@ -157,8 +157,8 @@ def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
     ]
     head = "<tr><th></th><th>AR</th><th>MTP</th></tr>"
     sp = "–" if speedup is None else f"{speedup:.2f}×"
-    head = "Speedup (MTP vs AR tok/s)" + (" of this run" if repeats > 1 else "")
-    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">{head}: {sp}</div>']
+    title = "Speedup (MTP vs AR tok/s)" + (" of this run" if repeats > 1 else "")
+    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">{title}: {sp}</div>']
     if runs:
         med = median(runs)
         lines.insert(0 if len(runs) == repeats and repeats > 1 else 1,
