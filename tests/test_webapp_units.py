@@ -204,6 +204,7 @@ def test_stats_chart_and_reply_stats():
     mtp = LaneView(key="mtp", title="MTP", tokens=15, tokens_per_second=15.0, acceptance=0.8,
                    acceptance_per_depth=[0.8], tokens_per_cycle=1.8, depth=1, points=[(0.1, 1), (1.0, 15)])
     h = race_stats_html(ar, mtp, 1.5, runs=[1.4, 1.5, 1.7], repeats=3)
+    assert "<th>AR</th><th>MTP</th>" in h
     assert "1.50×" in h and 'data-median="1.5000"' in h and "80%" in h and "Median speedup over 3/3" in h
     svg = chart_svg([("AR", "#000", ar.points), ("MTP", "#0f0", mtp.points)])
     assert svg.count("<path") == 2 and "own compute time" in svg

@@ -7,9 +7,10 @@ shared time ``t`` is the clock of the lane that is behind (every unfinished lane
 at least ``t`` seconds of compute), and each lane is shown with exactly the events it had
 committed by ``t`` on its own clock: on screen both lanes have had the same compute time.
 
-When the device switches from one lane to the other, the lane it leaves is *settled*: the
-device work it left queued (an AR lane evaluates its next step asynchronously before it
-yields) is waited for and charged to it, not to the other lane's next step.
+When the device switches from one lane to the other, and before each snapshot is handed out
+for rendering, the lane just run is *settled*: the device work it left queued (an AR lane
+evaluates its next step asynchronously before it yields) is waited for and charged to it,
+not to the other lane's next step nor done for free while the app renders.
 
 Nothing here knows about models or Gradio: lanes are any iterators of events.
 """
@@ -146,6 +147,9 @@ def run_fair(
             previous = lane
             now = wall()
             if now - last >= update_interval:
+                # The app renders while we are away: nothing of a lane may run uncharged then.
+                previous.settle()
+                previous = None
                 last = now
                 yield Snapshot(shared_time(lanes), lanes, final=False)
         if t_stop is not None:
