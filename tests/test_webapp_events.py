@@ -146,6 +146,7 @@ def test_race_fills_both_lanes_with_stats_and_colours(host):
         assert run["speedup"] == pytest.approx(run["mtp"]["tokens_per_second"] / run["ar"]["tokens_per_second"])
         assert 0 <= run["mtp"]["acceptance_rate"] <= 1 and run["mtp"]["tokens_per_cycle"] > 0
         assert run["mtp"]["depth"] == 1 and run["ar"]["time_to_first_token"] > 0
+    assert [r["seed"] for r in summary["runs"]] == [0, 1]
     assert summary["median_speedup"] > 0 and "Median speedup over 2/2 runs" in stats_html
     assert chart.count("<path") == 2
 

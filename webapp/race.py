@@ -6,7 +6,7 @@ speedup is MTP tok/s over AR tok/s, both on their own clocks; with repeats, the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import gradio as gr
@@ -172,12 +172,15 @@ class RaceHandlers:
                 break
             for lane in lanes:
                 lane.close()
+            # Both lanes share a seed; repeat r uses seed + r, so at temperature > 0 the median
+            # covers N different samples (the same seeds scripts/bench.py uses per repeat).
+            run_params = replace(params, seed=params.seed + run)
             lanes[:] = [
-                TimedLane("ar", self.host.stream("ar", params, ids, stop=stop), record=record),
-                TimedLane("mtp", self.host.stream("mtp", params, ids, stop=stop), record=record),
+                TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop), record=record),
+                TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop), record=record),
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
-            note = f"run {run + 1}/{n_runs}" if n_runs > 1 else ""
+            note = f"run {run + 1}/{n_runs}, seed {run_params.seed}" if n_runs > 1 else ""
             # The lane listed first goes first at a tie (the very first step, after an idle
             # pause with cold caches): alternate it between runs.
             order = lanes if run % 2 == 0 else lanes[::-1]
@@ -189,7 +192,8 @@ class RaceHandlers:
                 if (snap.final and speed is not None and ar.finished and mtp.finished
                         and "stopped" not in (ar.finish_reason, mtp.finish_reason)):
                     runs.append(speed)
-                    summary["runs"].append({"ar": lane_summary(ar), "mtp": lane_summary(mtp), "speedup": speed})
+                    summary["runs"].append({"seed": run_params.seed, "ar": lane_summary(ar), "mtp": lane_summary(mtp),
+                                            "speedup": speed})
                     self.host.note_ar_speed(ar.tokens_per_second, ar.tokens)
                 if runs:
                     summary["median_speedup"] = median(runs)
