@@ -5,10 +5,10 @@ from .costs import Costs, DepthPolicy, measure_costs, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .sampling import NonFiniteLogitsError, SamplerConfig
 from .stats import GenerationStats
-from .stream import StreamEvent
+from .stream import StreamEvent, synchronize
 
 __all__ = [
     "AutoregressiveDecoder", "SpeculativeDecoder", "SamplerConfig", "GenerationStats", "StreamEvent",
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
-    "NonFiniteLogitsError", "residual", "verify_drafts",
+    "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize",
 ]

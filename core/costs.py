@@ -132,6 +132,7 @@ class DepthPolicy:
         d, speed = self.best(stats)
         stats.predicted_speedup = speed
         if not self.auto:
+            stats.mtp_active = True
             return self.depth
         if d == 0:
             self._ar_steps += 1

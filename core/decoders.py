@@ -27,6 +27,7 @@ class AutoregressiveDecoder(Lane):
 
         logits, _ = prefill(ad, prompt, cache)
         y, ok = sample(logits)
+        mx.async_eval(y, ok)  # the first token must not wait behind the next step
         stats.target_forwards += 1
         for n in range(1, max_tokens + 1):
             if n < max_tokens:

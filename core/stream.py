@@ -22,6 +22,11 @@ class StreamEvent:
     finish_reason: Optional[str] = None  # "eos" | "stop_string" | "max_tokens" | "stopped"
 
 
+def synchronize() -> None:
+    """Wait until the device has finished all queued work (a lane's clock can then be settled)."""
+    mx.synchronize()
+
+
 def as_prompt(prompt_ids) -> mx.array:
     ids = prompt_ids if isinstance(prompt_ids, mx.array) else mx.array(list(prompt_ids), dtype=mx.int32)
     ids = ids.reshape(-1).astype(mx.int32)

@@ -111,7 +111,7 @@ def test_chat_template_and_eos(adapter, config):
     text = tok.decode(ids)
     assert text == "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token == "<|im_end|>"
-    assert config["eos_token_id"] in tok.eos_token_ids
+    assert set(config["eos_token_id"]) == set(tok.eos_token_ids) == {2, 0}  # <|im_end|>, <|endoftext|>
 
 
 def test_adapter_contract(adapter):

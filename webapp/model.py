@@ -87,6 +87,9 @@ class ModelHost:
             _, stats = self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
             if mode == "ar":
                 self.note_ar_speed(stats.tokens_per_second, stats.generated_tokens)
+        from core import measure_costs
+
+        self.worker.call(lambda: measure_costs(self.adapter))  # fixed depths then report predicted speedups
         log(f"Warm-up done in {time.perf_counter() - t0:.1f} s"
             + (f" (AR {self._ar_tps:.1f} tok/s)" if self._ar_tps else ""))
 
