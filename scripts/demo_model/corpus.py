@@ -1,6 +1,6 @@
 """Stage 'corpus': build the demo's chat corpus offline from redistributable Debian packages.
 
-Sources (install with apt-get; see scripts/demo_model/README_SECTION.md):
+Sources (install with apt-get; see the README section "The bundled demo model"):
   wordnet-base        WordNet 3.0 (Princeton WordNet licence, BSD-like)  -> define / example /
                       synonyms / antonym / "what kind of thing" conversations
   python3.11-doc      Python docs rst sources (PSF licence) -> FAQ Q/A, glossary Q/A, tutorial prose
