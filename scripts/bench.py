@@ -58,7 +58,8 @@ def run_mlx_lm(adapter, prompt_ids, max_tokens, sampler_cfg, seed) -> dict:
     t0 = time.perf_counter()
     for resp in stream_generate(adapter.model, adapter.tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, sampler=sampler):
         times.append(time.perf_counter())
-        n = resp.generation_tokens
+        # mlx-lm counts the EOS token in its final response; our lanes do not output it.
+        n = resp.generation_tokens - (resp.finish_reason == "stop")
         text += resp.text
     decode = times[-1] - times[0] if len(times) > 1 else 0.0
     return {
