@@ -19,28 +19,30 @@ class AutoregressiveDecoder(Lane):
         super().__init__(adapter, sampler, seed)
 
     def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
-        ad, keys = self.adapter, KeyStream(self.seed)
+        ad, keys = self.adapter, KeyStream(self.seed, active=not self.sampler.greedy)
         cache = ad.make_cache()
 
         def sample(logits):
-            return self.sampler.sample(logits, keys.next()), all_finite(logits)
+            # -1 marks a non-finite logit row: one value to read per step, no second sync.
+            return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next()).astype(mx.int32), -1)
 
         logits, _ = prefill(ad, prompt, cache)
-        y, ok = sample(logits)
-        mx.async_eval(y, ok)  # the first token must not wait behind the next step
+        y = sample(logits)
+        mx.async_eval(y)  # the first token must not wait behind the next step
         stats.target_forwards += 1
         for n in range(1, max_tokens + 1):
             if n < max_tokens:
                 # Queue the next step before reading this token: the host builds the
                 # graph while the device computes (as mlx_lm.generate_step does).
                 logits, _, _ = ad.forward(y[None], cache, all_logits=False)
-                next_y, next_ok = sample(logits[:, -1])
-                mx.async_eval(next_y, next_ok)
-            check_finite(ok.item(), "target model")
+                next_y = sample(logits[:, -1])
+                mx.async_eval(next_y)
+            token = y.item()
+            check_finite(token >= 0, "target model")
             if n > 1:
                 stats.record_cycle(0, 0)
-            yield [y.item()], ["target"]
-            y, ok = next_y, next_ok
+            yield [token], ["target"]
+            y = next_y
 
 
 class SpeculativeDecoder(Lane):
@@ -62,7 +64,7 @@ class SpeculativeDecoder(Lane):
         return self.adapter.make_cache(), self.adapter.make_mtp_cache()
 
     def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
-        ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed)
+        ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed, active=not self.sampler.greedy)
         policy = DepthPolicy(self.depth, self.max_depth, self.costs)
         cache, mtp_cache = self._make_caches()
 

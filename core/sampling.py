@@ -99,7 +99,8 @@ def categorical(p: mx.array, key: mx.array) -> mx.array:
 
 
 def all_finite(logits: mx.array) -> mx.array:
-    return mx.all(mx.isfinite(logits))
+    # A NaN or an infinity anywhere makes the sum non-finite: one reduction, no mask pass.
+    return mx.isfinite(logits.sum())
 
 
 def check_finite(ok: bool, where: str) -> None:
@@ -113,10 +114,12 @@ def check_finite(ok: bool, where: str) -> None:
 class KeyStream:
     """A private PRNG stream per decoder, so interleaved lanes stay reproducible."""
 
-    def __init__(self, seed: int):
-        self.key = mx.random.key(seed)
+    def __init__(self, seed: int, active: bool = True):
+        self.key = mx.random.key(seed) if active else None
 
-    def next(self, n: int = 1) -> mx.array:
+    def next(self, n: int = 1):
+        if self.key is None:  # greedy decoding draws nothing: no PRNG work on the hot path
+            return None
         keys = mx.random.split(self.key, n + 1)
         self.key = keys[0]
         return keys[1] if n == 1 else keys[1:]
