@@ -19,15 +19,11 @@ import mlx.nn as nn
 from mlx_lm.models import qwen3_5
 from mlx_lm.models.cache import KVCache
 
-MTP_NORM_KEYS = (
-    "mtp.pre_fc_norm_embedding.weight",
-    "mtp.pre_fc_norm_hidden.weight",
-    "mtp.norm.weight",
-    "mtp.layers.0.input_layernorm.weight",
-    "mtp.layers.0.post_attention_layernorm.weight",
-    "mtp.layers.0.self_attn.q_norm.weight",
-    "mtp.layers.0.self_attn.k_norm.weight",
-)
+# The norm tensor names are contract data, shared with the adapter; the forward below is independent.
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from adapters.sidecar import NORMS as MTP_NORM_KEYS  # noqa: E402
 
 
 class MTPHead(nn.Module):
