@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from . import qwen3_5
-from .checkpoint import read_config, resolve
+from .checkpoint import open_checkpoint
 from .contract import MTPContract
 from .errors import CheckpointError
 
@@ -23,8 +23,7 @@ def load_adapter(
     path: Union[str, Path], *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto"
 ):
     """Load trunk + MTP head. compute_dtype: "auto" (fp32 on the CPU backend), "float32", "native"."""
-    ckpt = resolve(path)
-    config = read_config(ckpt)
+    ckpt, config = open_checkpoint(path)
     family = FAMILIES.get(config["model_type"])
     if family is None:
         raise CheckpointError(

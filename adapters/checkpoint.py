@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
+from typing import Tuple, Union
 
 from .errors import CheckpointError
 
@@ -41,6 +41,12 @@ def read_config(path: Path) -> dict:
     if not isinstance(config, dict) or "model_type" not in config:
         raise CheckpointError(f"{cfg} has no model_type: cannot tell which model family this is.")
     return config
+
+
+def open_checkpoint(path_or_id: Union[str, Path]) -> Tuple[Path, dict]:
+    """The checkpoint directory and its config.json, or a CheckpointError saying what is wrong."""
+    ckpt = resolve(path_or_id)
+    return ckpt, read_config(ckpt)
 
 
 def text_config(config: dict) -> dict:

@@ -22,6 +22,8 @@ def residual(p: mx.array, q: mx.array) -> mx.array:
 def verify_drafts(p: mx.array, q: mx.array, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
     """p [D+1, V] target, q [D, V] draft, drafts [D] -> (accepted [D], corrections [D], bonus [1]).
 
+    When greedy, p may be the target's logits: only its argmax is used.
+
     Everything stays on the device; the caller reads the three results in one sync and
     keeps corrections[n] (n = accepted prefix length) or the bonus when all D passed.
     """

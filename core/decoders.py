@@ -107,7 +107,7 @@ class SpeculativeDecoder(Lane):
 
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
-            p = sampler.probs(logits[0])
+            p = logits[0] if sampler.greedy else sampler.probs(logits[0])  # greedy needs the argmax only
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.

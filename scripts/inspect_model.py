@@ -26,7 +26,7 @@ if str(_REPO) not in sys.path:
 
 import adapters  # noqa: E402  (first: fast BLAS before mlx.core is imported)
 from adapters import sidecar  # noqa: E402
-from adapters.checkpoint import read_config, resolve, text_config  # noqa: E402
+from adapters.checkpoint import open_checkpoint, text_config  # noqa: E402
 from adapters.errors import CheckpointError  # noqa: E402
 
 
@@ -80,8 +80,7 @@ def _from_config(config: dict, out) -> None:
 def inspect(model: str, hidden_variant=None, out=print) -> int:
     flags, notes = [], []
     try:
-        ckpt = resolve(model)
-        config = read_config(ckpt)
+        ckpt, config = open_checkpoint(model)
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
         return 1

@@ -26,7 +26,7 @@ if str(_REPO) not in sys.path:
 
 import adapters  # noqa: E402,F401  (first: fast BLAS before mlx.core is imported)
 from adapters import sidecar  # noqa: E402
-from adapters.checkpoint import read_config, resolve, text_config  # noqa: E402
+from adapters.checkpoint import open_checkpoint, text_config  # noqa: E402
 from adapters.errors import CheckpointError  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
@@ -58,8 +58,7 @@ def inspect(model: str, out=print) -> int:
         flags.append(msg)
 
     try:
-        ckpt = resolve(model)
-        config = read_config(ckpt)
+        ckpt, config = open_checkpoint(model)
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
         return 1
