@@ -20,6 +20,7 @@ from mlx_lm.models.qwen3_5 import TextModelArgs
 
 from . import sidecar
 from .checkpoint import text_config
+from . import cpu_decode
 from .contract import MTPContract
 from .cpu_layout import to_row_major
 from .errors import CheckpointError
@@ -60,6 +61,12 @@ class Qwen35Adapter:
             else None
         )
         self._pre_norm = contract.hidden_variant == "pre_norm"
+        # Few-token forwards on the CPU: one compiled function per layer (see cpu_decode).
+        self._fast = (
+            cpu_decode.CpuDecode(model, head)
+            if compute_dtype == "float32" and mx.default_device() == mx.cpu and os.environ.get("MTP_CHAT_COMPILED", "1") != "0"
+            else None
+        )
 
     # -- caches -------------------------------------------------------------------------
     def make_cache(self) -> list:
@@ -82,6 +89,11 @@ class Qwen35Adapter:
         """tokens [1, T] -> logits [1, T or 1, V], hidden [1, T, H] (the contract's variant)."""
         inner = self.inner
         h = inner.embed_tokens(tokens)
+        if self._fast is not None and tokens.shape == (1, tokens.shape[1]) and tokens.shape[1] <= cpu_decode.MAX_TOKENS:
+            h, post, gdn = self._fast.trunk(h[0], cache, capture)
+            logits = self.lm_head(post if all_logits else post[-1:])[None]
+            captured = Captured(width=tokens.shape[1], gdn=gdn) if capture else None
+            return logits, (h if self._pre_norm else post)[None], captured
         fa_mask = create_attention_mask(h, cache[inner.fa_idx])
         ssm_mask = create_ssm_mask(h, cache[inner.ssm_idx])
         captured = Captured(width=tokens.shape[1]) if capture else None
@@ -116,7 +128,10 @@ class Qwen35Adapter:
 
         lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden.
         """
-        return self.head(hidden, self.inner.embed_tokens(next_tokens), mtp_cache)
+        embedding = self.inner.embed_tokens(next_tokens)
+        if self._fast is not None and hidden.shape[:2] == (1, hidden.shape[1]) and hidden.shape[1] <= cpu_decode.MAX_TOKENS:
+            return self._fast.head(hidden[0], embedding[0], mtp_cache)[None]
+        return self.head(hidden, embedding, mtp_cache)
 
     def describe(self) -> str:
         c = self.contract
