@@ -19,10 +19,13 @@ def residual(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(mass > 0, r / mx.maximum(mass, 1e-30), p)
 
 
-def verify_drafts(p: mx.array, q: mx.array, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
-    """p [D+1, V] target, q [D, V] draft, drafts [D] -> (accepted [D], corrections [D], bonus [1]).
+def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
+    """p: target [D+1, V] probabilities, q: draft [D, V], drafts [D] -> (accepted [D], corrections [D], bonus [1]).
 
-    When greedy, p may be the target's logits: only its argmax is used.
+    p and q may also be supports (indices [.., k], probabilities [.., k]) as SamplerConfig.support
+    gives them with top_k on: the target is zero off its k columns, so are the residual and the
+    bonus, and the test runs on k columns instead of the vocabulary. When greedy, p may be the
+    target's logits: only its argmax is used.
 
     Everything stays on the device; the caller reads the three results in one sync and
     keeps corrections[n] (n = accepted prefix length) or the bonus when all D passed.
@@ -33,13 +36,36 @@ def verify_drafts(p: mx.array, q: mx.array, drafts: mx.array, keys: mx.array, gr
         # itself) is then one-hot at that argmax, so the replacement is the argmax too.
         best = mx.argmax(p, axis=-1)
         return drafts == best[:D], best[:D], best[D:]
-    rows = mx.arange(D)
-    p_x, q_x = p[rows, drafts], q[rows, drafts]
+    (p_idx, p), (q_idx, q) = _as_support(p), _as_support(q)
+    p_x = _at(None if p_idx is None else p_idx[:D], p[:D], drafts)
+    q_x = _at(q_idx, q, drafts)
     u = mx.random.uniform(shape=(D,), key=keys[0])
     accepted = u * q_x < p_x  # u < p/q without a division; q_x > 0 since x was drawn from q
-    corrections = categorical(residual(p[:D], q), keys[1])
-    bonus = categorical(p[D:], keys[2])
+    # q on p's columns: the residual lives where p does.
+    if p_idx is None:
+        q_on_p = q if q_idx is None else mx.put_along_axis(mx.zeros(p[:D].shape, p.dtype), q_idx, q, axis=-1)
+    elif q_idx is None:
+        q_on_p = mx.take_along_axis(q, p_idx[:D], axis=-1)
+    else:
+        q_on_p = (q[:, None, :] * (q_idx[:, None, :] == p_idx[:D, :, None])).sum(axis=-1)
+    corrections = _token(p_idx, slice(0, D), categorical(residual(p[:D], q_on_p), keys[1]))
+    bonus = _token(p_idx, slice(D, D + 1), categorical(p[D:], keys[2]))
     return accepted, corrections, bonus
+
+
+def _as_support(dist):
+    return dist if isinstance(dist, tuple) else (None, dist)
+
+
+def _at(idx, probs, tokens):
+    """probs of `tokens` (one per row), from a dense row or a support."""
+    if idx is None:
+        return probs[mx.arange(tokens.shape[0]), tokens]
+    return (probs * (idx == tokens[:, None])).sum(axis=-1)
+
+
+def _token(idx, rows, cols):
+    return cols if idx is None else mx.take_along_axis(idx[rows], cols[:, None], axis=-1)[:, 0]
 
 
 def accepted_prefix(flags: List[bool]) -> int:

@@ -99,15 +99,15 @@ class SpeculativeDecoder(Lane):
             for _ in range(depth):
                 h = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
                 draft_logits.append(ad.lm_head(h)[0])
-                t, q = sampler.sample_with_probs(draft_logits[-1], keys.next())
+                t, q = sampler.draw(draft_logits[-1], keys.next())
                 drafts.append(t)
                 qs.append(q)
-            drafts, q = mx.concatenate(drafts), mx.concatenate(qs)
+            drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
             mx.async_eval(drafts)  # the head computes while the verify graph is built
 
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
-            p = logits[0] if sampler.greedy else sampler.probs(logits[0])  # greedy needs the argmax only
+            p = logits[0] if sampler.greedy else sampler.support(logits[0])  # greedy needs the argmax only
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
@@ -127,3 +127,9 @@ class SpeculativeDecoder(Lane):
             tokens = drafts[:n].tolist() + [pending]
             produced += len(tokens)
             yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"]
+
+
+def _stack(supports):
+    """Per-depth draft supports (indices or None, probabilities) -> one [D, ...] support."""
+    idx = None if supports[0][0] is None else mx.concatenate([i for i, _ in supports])
+    return idx, mx.concatenate([p for _, p in supports])

@@ -51,27 +51,27 @@ class SamplerConfig:
         if self.greedy:
             top = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
-        idx, p = self._support(logits)
+        idx, p = self.support(logits)
         return p if idx is None else _scatter(idx, p, logits.shape)
 
     def sample(self, logits: mx.array, key: mx.array) -> mx.array:
         """One token per row of logits [..., V], drawn from `probs` (argmax when greedy)."""
-        return self.sample_with_probs(logits, key, dense=False)[0]
+        return self.draw(logits, key)[0]
 
-    def sample_with_probs(self, logits: mx.array, key: mx.array, dense: bool = True):
-        """(token, probs) for a draft: the draw and the distribution it came from."""
+    def draw(self, logits: mx.array, key: mx.array):
+        """(token, support) for a draft: the draw and the distribution it came from, as
+        support = (indices or None, probabilities over them); support is None when greedy."""
         if self.greedy:
-            return mx.argmax(logits, axis=-1), (self.probs(logits) if dense else None)
-        idx, p = self._support(logits)
+            return mx.argmax(logits, axis=-1), None
+        idx, p = self.support(logits)
         j = categorical(p, key)
         if idx is None:
-            return j, p
-        token = mx.take_along_axis(idx, j[..., None], axis=-1)[..., 0]
-        return token, (_scatter(idx, p, logits.shape) if dense else None)
+            return j, (None, p)
+        return mx.take_along_axis(idx, j[..., None], axis=-1)[..., 0], (idx, p)
 
-    def _support(self, logits: mx.array):
+    def support(self, logits: mx.array):
         """(indices or None, probabilities over them): with top_k on, only k columns are kept,
-        so the rest of the filter and the draw work on k values instead of the vocabulary."""
+        so the filter, the draw and the acceptance test work on k values, not the vocabulary."""
         x = logits.astype(mx.float32) / self.temperature
         idx = None
         if 0 < self.top_k < x.shape[-1]:
