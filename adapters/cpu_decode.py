@@ -21,6 +21,13 @@ import mlx.nn as nn
 from .cpu_layout import RowMajorLinear
 
 MAX_TOKENS = 8  # widest few-token forward served here (a verify is depth + 1 <= 8)
+# The fused projections are copies. Dispatch overhead matters for small models; a large one
+# is bound by its matmuls anyway, and a second copy of its weights would not fit in memory.
+MAX_FUSED_BYTES = 2 << 30
+
+
+def worth_it(model) -> bool:
+    return sum(m.weight_t.nbytes for _, m in model.named_modules() if isinstance(m, RowMajorLinear)) <= MAX_FUSED_BYTES
 
 
 def _rms(x, w, eps):
@@ -52,12 +59,13 @@ def _mlp(mlp, eps_norm_w, eps):
 
 
 def _gdn_layer(layer, capture: bool) -> Callable:
-    """One Gated-DeltaNet decoder layer: (x [S, H], conv_state, state) -> (x', conv, states)."""
+    """One Gated-DeltaNet decoder layer: (x [S, H], conv_state, state) -> (x', conv window, state),
+    or with capture (x', conv input, the state after every position, state)."""
     at = layer.linear_attn
     Hk, Hv, Dk, Dv = at.num_k_heads, at.num_v_heads, at.head_k_dim, at.head_v_dim
     kd, conv_dim, nk = at.key_dim, at.conv_dim, at.conv_kernel_size - 1
     w_in = _fused(at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a)
-    w_conv = _const(at.conv1d.weight[:, :, 0].T)  # [K, C]: tap k of every channel
+    w_taps = [_const(at.conv1d.weight[:, k, 0]) for k in range(nk + 1)]  # tap k of every channel
     w_out, norm_w, gate_norm_w = at.out_proj.weight_t, layer.input_layernorm.weight, at.norm.weight
     eps, gate_eps = layer.input_layernorm.eps, at.norm.eps
     neg_A = _const(-mx.exp(at.A_log.astype(mx.float32)))
@@ -65,41 +73,44 @@ def _gdn_layer(layer, capture: bool) -> Callable:
     mlp, _ = _mlp(layer.mlp, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
     qk_eps = 1e-6 * Dk**-1  # normalize_qk's eps, moved onto the mean as mx.fast.rms_norm does
 
+    # Positions are taken with t:t+1 slices (views), never x[t]: an integer index is a Gather
+    # kernel on the CPU, and there were ~70 of them per decode step.
     def step(x, conv_state, state):
         S = x.shape[0]
         proj = _rms(x, norm_w, eps) @ w_in
         qkv, z = proj[:, :conv_dim], proj[:, conv_dim : conv_dim + Hv * Dv]
         b, a = proj[:, conv_dim + Hv * Dv : conv_dim + Hv * Dv + Hv], proj[:, conv_dim + Hv * Dv + Hv :]
-        conv_input = mx.concatenate([conv_state[0], qkv], axis=0)  # [nk + S, C]
-        conv = conv_input[0:S] * w_conv[0]
+        conv_input = mx.concatenate([conv_state.reshape(nk, conv_dim), qkv], axis=0)  # [nk + S, C]
+        conv = conv_input[0:S] * w_taps[0]
         for k in range(1, nk + 1):
-            conv = conv + conv_input[k : k + S] * w_conv[k]
+            conv = conv + conv_input[k : k + S] * w_taps[k]
         conv = nn.silu(conv)
         q = conv[:, :kd].reshape(S, Hk, Dk)
         k_ = conv[:, kd : 2 * kd].reshape(S, Hk, Dk)
-        v = conv[:, 2 * kd :].reshape(S, Hv, Dv)
+        v = conv[:, 2 * kd :].reshape(S, Hv, 1, Dv)
         q = Dk**-1 * (q * mx.rsqrt(mx.mean(mx.square(q), axis=-1, keepdims=True) + qk_eps))
         k_ = Dk**-0.5 * (k_ * mx.rsqrt(mx.mean(mx.square(k_), axis=-1, keepdims=True) + qk_eps))
         if Hv > Hk:
             q, k_ = mx.repeat(q, Hv // Hk, axis=1), mx.repeat(k_, Hv // Hk, axis=1)
-        beta = mx.sigmoid(b)
-        g = mx.exp(neg_A * nn.softplus(a + dt_bias))
-        st = state[0]  # [Hv, Dv, Dk]
+        q, k_ = q.reshape(S, Hv, 1, Dk), k_.reshape(S, Hv, 1, Dk)
+        beta = mx.sigmoid(b).reshape(S, Hv, 1, 1)
+        g = mx.exp(neg_A * nn.softplus(a + dt_bias)).reshape(S, Hv, 1, 1)
+        st = state  # [1, Hv, Dv, Dk]
         ys, states = [], []
         for t in range(S):  # (batched matmuls would be fewer ops but cost 3x more here)
-            st = st * g[t][:, None, None]
-            kv_mem = (st * k_[t][:, None, :]).sum(axis=-1)  # [Hv, Dv]
-            delta = (v[t] - kv_mem) * beta[t][:, None]
-            st = st + k_[t][:, None, :] * delta[..., None]
-            ys.append((st * q[t][:, None, :]).sum(axis=-1))
-            states.append(st[None])
-        y = mx.stack(ys)  # [S, Hv, Dv]
+            st = st * g[t : t + 1]
+            kv_mem = (st * k_[t : t + 1]).sum(axis=-1, keepdims=True)  # [1, Hv, Dv, 1]
+            delta = (v[t : t + 1].swapaxes(-1, -2) - kv_mem) * beta[t : t + 1]
+            st = st + k_[t : t + 1] * delta
+            ys.append((st * q[t : t + 1]).sum(axis=-1))
+            states.append(st)
+        y = mx.concatenate(ys)  # [S, Hv, Dv]
         gated = _rms(y, gate_norm_w, gate_eps) * nn.silu(z.reshape(S, Hv, Dv))
         h = x + gated.reshape(S, Hv * Dv) @ w_out
         h = mlp(h)
         if capture:
-            return h, conv_input[None], mx.stack(states)
-        return h, conv_input[None, S:], states[-1]
+            return h, conv_input[None], mx.stack(states), st
+        return h, conv_input[None, S:], st
 
     return step
 
@@ -132,7 +143,7 @@ def _attention_parts(layer, attn, final_norm=None) -> Tuple[Callable, Callable]:
 
     def post(x, o, gate):
         S = x.shape[0]
-        o = o[0].transpose(1, 0, 2).reshape(S, nh * hd)
+        o = o.reshape(nh, S, hd).transpose(1, 0, 2).reshape(S, nh * hd)
         x = mlp(x + (o * mx.sigmoid(gate)) @ w_o)
         return x if final_norm is None else _rms(x, final_norm.weight, final_norm.eps)
 
@@ -195,9 +206,9 @@ class CpuDecode:
                     c[0] = mx.zeros((1, at.conv_kernel_size - 1, at.conv_dim), dtype=x.dtype)
                     c[1] = mx.zeros((1, at.num_v_heads, at.head_v_dim, at.head_k_dim), dtype=mx.float32)
                 if capture:
-                    x, conv_input, states = fns[1](x, c[0], c[1])
+                    x, conv_input, states, c[1] = fns[1](x, c[0], c[1])
                     captured[i] = (conv_input, states)
-                    c[0], c[1] = conv_input[:, S:], states[-1]
+                    c[0] = conv_input[:, S:]
                 else:
                     x, c[0], c[1] = fns[0](x, c[0], c[1])
                 c.advance(S)

@@ -64,7 +64,8 @@ class Qwen35Adapter:
         # Few-token forwards on the CPU: one compiled function per layer (see cpu_decode).
         self._fast = (
             cpu_decode.CpuDecode(model, head)
-            if compute_dtype == "float32" and mx.default_device() == mx.cpu and os.environ.get("MTP_CHAT_COMPILED", "1") != "0"
+            if compute_dtype == "float32" and mx.default_device() == mx.cpu
+            and os.environ.get("MTP_CHAT_COMPILED", "1") != "0" and cpu_decode.worth_it(model)
             else None
         )
 
@@ -90,7 +91,7 @@ class Qwen35Adapter:
         inner = self.inner
         h = inner.embed_tokens(tokens)
         if self._fast is not None and tokens.shape == (1, tokens.shape[1]) and tokens.shape[1] <= cpu_decode.MAX_TOKENS:
-            h, post, gdn = self._fast.trunk(h[0], cache, capture)
+            h, post, gdn = self._fast.trunk(h.reshape(h.shape[1:]), cache, capture)
             logits = self.lm_head(post if all_logits else post[-1:])[None]
             captured = Captured(width=tokens.shape[1], gdn=gdn) if capture else None
             return logits, (h if self._pre_norm else post)[None], captured
@@ -130,7 +131,7 @@ class Qwen35Adapter:
         """
         embedding = self.inner.embed_tokens(next_tokens)
         if self._fast is not None and hidden.shape[:2] == (1, hidden.shape[1]) and hidden.shape[1] <= cpu_decode.MAX_TOKENS:
-            return self._fast.head(hidden[0], embedding[0], mtp_cache)[None]
+            return self._fast.head(hidden.reshape(hidden.shape[1:]), embedding.reshape(embedding.shape[1:]), mtp_cache)[None]
         return self.head(hidden, embedding, mtp_cache)
 
     def describe(self) -> str:
