@@ -71,19 +71,18 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
 
     def verify(width: int):
         def run():
-            snapshot = [list(c.cache) if hasattr(c, "cache") else None for c in cache]
+            # As the decoders do it: forward, the sampler's support, and (width > 1) commit one
+            # position from the captured state, so the context grows by one token per run.
             logits, _, cap = adapter.forward(tokens[:, :width], cache, capture=width > 1)
-            mx.eval(sampler.probs(logits[0]).sum(), [c.state for c in cache])
-            for c, snap in zip(cache, snapshot):  # undo: back to the warm context
-                if snap is None:
-                    c.trim(width)
-                else:
-                    c.cache = snap
+            support = sampler.support(logits[0])
+            if cap is not None:
+                adapter.rollback(cache, cap, keep=1)
+            mx.eval(support, [c.state for c in cache])
         return run
 
     def mtp_step():
         g = adapter.mtp_forward(hidden[:, -1:], tokens[:, -1:], mtp_cache)
-        mx.eval(sampler.probs(adapter.lm_head(g)[0]).sum())
+        mx.eval(sampler.draw(adapter.lm_head(g)[0], mx.random.key(1)))
         mtp_cache.trim(1)
 
     base = timed(verify(1))
