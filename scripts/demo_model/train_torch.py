@@ -11,7 +11,8 @@ Losses (per batch of packed token windows):
          trunk hidden at t and embed(x[t+1]); depth d>1 reads g = norm(x) of depth d-1 and
          embed(x[t+d]), and its attention sees the depth-1 entries at positions <= t (the
          trunk-filled MTP cache at inference) plus its own chain -- exactly the inference cache.
-  distill KL(p_trunk || q_d) with p_trunk = softmax(trunk logits at t+d) (detached): the head
+  distill KL(p_trunk || q_d) with p_trunk = softmax(trunk logits at t+d / tau) (detached; tau =
+         --distill-temp, 1 by default, q_d at the same tau): the head
          is fitted to the trunk's own distribution, which is what acceptance sum_x min(p, q)
          rewards.
 The acceptance probe samples the trunk's own replies to held-out prompts and measures
@@ -248,7 +249,7 @@ def batches(tokens, batch, seq, rng):
         yield torch.from_numpy(x)
 
 
-def losses(model, ids, depth, mtp_w, distill, depth_w):
+def losses(model, ids, depth, mtp_w, distill, depth_w, distill_temp=1.0):
     logits, hidden = model.trunk(ids)
     V = logits.shape[-1]
     main = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), ids[:, 1:].reshape(-1))
@@ -264,7 +265,8 @@ def losses(model, ids, depth, mtp_w, distill, depth_w):
         lt = ce
         if distill > 0:
             p = logits[:, d:N].detach().float()
-            kl = F.kl_div(F.log_softmax(q, -1), F.log_softmax(p, -1), log_target=True, reduction="none").sum(-1).mean()
+            kl = F.kl_div(F.log_softmax(q / distill_temp, -1), F.log_softmax(p / distill_temp, -1), log_target=True,
+                          reduction="none").sum(-1).mean()
             lt = (1 - distill) * ce + distill * kl
             out[f"kl{d}"] = kl
         w = mtp_w if d == 1 else mtp_w * depth_w
@@ -337,6 +339,8 @@ def main():
     ap.add_argument("--mtp-w", type=float, default=1.0)
     ap.add_argument("--depth-w", type=float, default=0.5, help="weight of depth>1 relative to depth 1")
     ap.add_argument("--distill", type=float, default=0.5, help="fraction of the MTP loss that is KL to the trunk")
+    ap.add_argument("--distill-temp", type=float, default=1.0,
+                    help="temperature of both distributions in the distillation KL (0.6 = the sampler's)")
     ap.add_argument("--head-only", action="store_true", help="freeze the trunk, train the MTP head only")
     ap.add_argument("--resume", default=None, help="prefix of saved shards to start from")
     ap.add_argument("--eval-prompts", type=int, default=400)
@@ -399,7 +403,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         for mb in ids.split(a.micro_batch or a.batch):  # gradient accumulation (same update)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                L = losses(model, mb, a.depth, a.mtp_w, a.distill, a.depth_w)
+                L = losses(model, mb, a.depth, a.mtp_w, a.distill, a.depth_w, a.distill_temp)
             (L["total"] * mb.shape[0] / ids.shape[0]).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
