@@ -4,8 +4,9 @@ Why this exists: on MLX's CPU backend every primitive costs ~7 us to dispatch, a
 mx.fast.rope / mx.fast.rms_norm run as multi-op fallbacks (~110 / ~40 us per call). On the
 demo model a 9.7 ms decode step held only 2.8 ms of matmuls; the rest was dispatch. Here
 each decoder layer is one mx.compile'd function over 2-D activations [S, H]: RMSNorm written
-out so it fuses, RoPE from one cos/sin table per forward, the GDN recurrence as two batched
-matmuls per position, and the projections that read the same input as one matmul.
+out so it fuses, RoPE from one cos/sin table per forward, positions taken as slices. (Fusing
+the projections that share an input into one matmul was measured slower: OpenBLAS's 3-row
+products cost twice the 2-row ones, and more so for wide matrices.)
 
 The arithmetic is mlx-lm's (qwen3_5.py, qwen3_next.py, gated_delta.py); results agree with it
 to float32 rounding (~1e-6), not bit for bit. Prompts longer than MAX_TOKENS go through
@@ -18,16 +19,7 @@ from typing import Callable, List, Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cpu_layout import RowMajorLinear
-
 MAX_TOKENS = 8  # widest few-token forward served here (a verify is depth + 1 <= 8)
-# The fused projections are copies. Dispatch overhead matters for small models; a large one
-# is bound by its matmuls anyway, and a second copy of its weights would not fit in memory.
-MAX_FUSED_BYTES = 2 << 30
-
-
-def worth_it(model) -> bool:
-    return sum(m.weight_t.nbytes for _, m in model.named_modules() if isinstance(m, RowMajorLinear)) <= MAX_FUSED_BYTES
 
 
 def _rms(x, w, eps):
@@ -42,20 +34,15 @@ def _const(x: mx.array) -> mx.array:
     return x
 
 
-def _fused(*linears: RowMajorLinear) -> mx.array:
-    return _const(mx.concatenate([l.weight_t for l in linears], axis=1))
-
-
-def _mlp(mlp, eps_norm_w, eps):
-    """(post-attention norm + SwiGLU MLP) as a closure over one fused gate|up weight."""
-    w_gu, w_down = _fused(mlp.gate_proj, mlp.up_proj), mlp.down_proj.weight_t
-    inter = w_down.shape[0]
+def _mlp(mlp, norm_w, eps):
+    """post-attention norm + SwiGLU MLP."""
+    w_gate, w_up, w_down = mlp.gate_proj.weight_t, mlp.up_proj.weight_t, mlp.down_proj.weight_t
 
     def run(h):
-        gu = _rms(h, eps_norm_w, eps) @ w_gu
-        return h + (nn.silu(gu[:, :inter]) * gu[:, inter:]) @ w_down
+        hn = _rms(h, norm_w, eps)
+        return h + (nn.silu(hn @ w_gate) * (hn @ w_up)) @ w_down
 
-    return run, (w_gu, w_down)
+    return run
 
 
 def _gdn_layer(layer, capture: bool) -> Callable:
@@ -64,22 +51,21 @@ def _gdn_layer(layer, capture: bool) -> Callable:
     at = layer.linear_attn
     Hk, Hv, Dk, Dv = at.num_k_heads, at.num_v_heads, at.head_k_dim, at.head_v_dim
     kd, conv_dim, nk = at.key_dim, at.conv_dim, at.conv_kernel_size - 1
-    w_in = _fused(at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a)
+    w_qkv, w_z, w_b, w_a = at.in_proj_qkv.weight_t, at.in_proj_z.weight_t, at.in_proj_b.weight_t, at.in_proj_a.weight_t
     w_taps = [_const(at.conv1d.weight[:, k, 0]) for k in range(nk + 1)]  # tap k of every channel
     w_out, norm_w, gate_norm_w = at.out_proj.weight_t, layer.input_layernorm.weight, at.norm.weight
     eps, gate_eps = layer.input_layernorm.eps, at.norm.eps
     neg_A = _const(-mx.exp(at.A_log.astype(mx.float32)))
     dt_bias = at.dt_bias
-    mlp, _ = _mlp(layer.mlp, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+    mlp = _mlp(layer.mlp, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
     qk_eps = 1e-6 * Dk**-1  # normalize_qk's eps, moved onto the mean as mx.fast.rms_norm does
 
     # Positions are taken with t:t+1 slices (views), never x[t]: an integer index is a Gather
     # kernel on the CPU, and there were ~70 of them per decode step.
     def step(x, conv_state, state):
         S = x.shape[0]
-        proj = _rms(x, norm_w, eps) @ w_in
-        qkv, z = proj[:, :conv_dim], proj[:, conv_dim : conv_dim + Hv * Dv]
-        b, a = proj[:, conv_dim + Hv * Dv : conv_dim + Hv * Dv + Hv], proj[:, conv_dim + Hv * Dv + Hv :]
+        xn = _rms(x, norm_w, eps)
+        qkv, z, b, a = xn @ w_qkv, xn @ w_z, xn @ w_b, xn @ w_a
         conv_input = mx.concatenate([conv_state.reshape(nk, conv_dim), qkv], axis=0)  # [nk + S, C]
         conv = conv_input[0:S] * w_taps[0]
         for k in range(1, nk + 1):
@@ -119,11 +105,11 @@ def _attention_parts(layer, attn, final_norm=None) -> Tuple[Callable, Callable]:
     """A full-attention layer around its KV cache: pre (norm, q|k|v, q/k norms, RoPE) and post
     (gated o_proj, MLP, then `final_norm` if given: the MTP head ends in one)."""
     nh, nkv, hd = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
-    w_qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+    w_q, w_k, w_v = attn.q_proj.weight_t, attn.k_proj.weight_t, attn.v_proj.weight_t
     w_o, norm_w, eps = attn.o_proj.weight_t, layer.input_layernorm.weight, layer.input_layernorm.eps
     qn, kn, qk_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
     rot = attn.rope.dims
-    mlp, _ = _mlp(layer.mlp, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+    mlp = _mlp(layer.mlp, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
 
     def rope(x, cos, sin):  # x [S, heads, hd]; mlx's non-traditional layout (halves)
         half = rot // 2
@@ -132,11 +118,11 @@ def _attention_parts(layer, attn, final_norm=None) -> Tuple[Callable, Callable]:
 
     def pre(x, cos, sin):
         S = x.shape[0]
-        proj = _rms(x, norm_w, eps) @ w_qkv
-        qg = proj[:, : 2 * nh * hd].reshape(S, nh, 2 * hd)
+        xn = _rms(x, norm_w, eps)
+        qg = (xn @ w_q).reshape(S, nh, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:].reshape(S, nh * hd)
-        k = proj[:, 2 * nh * hd : 2 * nh * hd + nkv * hd].reshape(S, nkv, hd)
-        v = proj[:, 2 * nh * hd + nkv * hd :].reshape(S, nkv, hd)
+        k = (xn @ w_k).reshape(S, nkv, hd)
+        v = (xn @ w_v).reshape(S, nkv, hd)
         q, k = rope(_rms(q, qn, qk_eps), cos, sin), rope(_rms(k, kn, qk_eps), cos, sin)
         heads = lambda t: t.transpose(1, 0, 2)[None]  # [1, heads, S, hd] as KVCache keeps them
         return heads(q), heads(k), heads(v), gate

@@ -65,7 +65,7 @@ class Qwen35Adapter:
         self._fast = (
             cpu_decode.CpuDecode(model, head)
             if compute_dtype == "float32" and mx.default_device() == mx.cpu
-            and os.environ.get("MTP_CHAT_COMPILED", "1") != "0" and cpu_decode.worth_it(model)
+            and os.environ.get("MTP_CHAT_COMPILED", "1") != "0"
             else None
         )
 

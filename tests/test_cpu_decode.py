@@ -18,7 +18,7 @@ def _pair(path, **kw):
 
 
 def _close(a, b, what):
-    # float32 rounding differs (fused kernels, one matmul for q|k|v); a wrong op is off by O(1).
+    # float32 rounding differs (fused kernels, RMSNorm written out); a wrong op is off by O(1).
     err = mx.abs(a - b).max().item()
     scale = max(mx.abs(b).max().item(), 1.0)
     assert err <= 5e-5 * scale, f"{what}: max |diff| {err:g} (scale {scale:g})"
