@@ -103,7 +103,10 @@ def export(run_prefix, text_config_path, tokenizer_dir, out_dir, *, mtp_bits=4, 
     tc["attn_output_gate"] = True
     tc["mtp_use_dedicated_embeddings"] = False
     tc["pad_token_id"] = 0
-    eos = tc["eos_token_id"]
+    # <|im_end|> ends a reply; <|endoftext|> (0, the document separator) too: the model
+    # sometimes emits it and would otherwise go on to write a user turn.
+    eos = [tc["eos_token_id"], 0] if tc["eos_token_id"] != 0 else [0]
+    tc["eos_token_id"] = eos
     sd = load_torch_shards(run_prefix)
 
     # --- trunk through mlx-lm's own model (so that its loader accepts exactly these keys)
@@ -161,7 +164,7 @@ def export(run_prefix, text_config_path, tokenizer_dir, out_dir, *, mtp_bits=4, 
     if extra_config:
         config.update(extra_config)
     save_config(config, out / "config.json")
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "pad_token_id": 0}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "pad_token_id": 0}, indent=2))
     for fn in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(Path(tokenizer_dir) / fn, out / fn)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
