@@ -17,7 +17,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from measure_quant import probs  # noqa: E402  (also puts the repo on sys.path, loads MLX)
+from measure_quant import heldout_loss, probs  # noqa: E402  (also puts the repo on sys.path, loads MLX)
 from adapters import load_adapter  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
@@ -48,21 +48,6 @@ def accept(path, sets, tags):
     return out
 
 
-def heldout_loss(path, refs, tok):
-    ad = load_adapter(path)
-    nll = n = 0
-    for r in refs:
-        pi = tok.encode(f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n")
-        ai = tok.encode(r["reference"] + "<|im_end|>")
-        logits, _, _ = ad.forward(mx.array([pi + ai]), ad.make_cache())
-        lp = logits[0, len(pi) - 1: -1].astype(mx.float32)
-        lse = mx.logsumexp(lp, axis=-1)
-        tgt = mx.array(ai)
-        nll += float(mx.sum(lse - mx.take_along_axis(lp, tgt[:, None], axis=-1)[:, 0]))
-        n += len(ai)
-    return round(nll / n, 4)
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
@@ -72,21 +57,16 @@ if __name__ == "__main__":
     ap.add_argument("--corpus", default="artifacts/demo/corpus")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from tokenizers import Tokenizer
+    from tokenizer import Encoder
 
-    tk = Tokenizer.from_file(str(Path(a.tokenizer) / "tokenizer.json"))
-
-    class Tok:
-        def encode(self, s):
-            return tk.encode(s).ids
-
+    enc = Encoder(a.tokenizer)
     sets = json.loads(Path(a.replies).read_text())
     refs = [json.loads(l) for l in open(Path(a.corpus) / "eval_prompts.jsonl")]
     refs = [r for r in refs if r["reference"]][:150]
     res = {}
     for p in a.paths:
         r = accept(p, sets, a.tags)
-        r["heldout_loss"] = heldout_loss(p, refs, Tok())
+        r["heldout_loss"] = heldout_loss(load_adapter(p), refs, enc)
         print(p, "heldout_loss", r["heldout_loss"], flush=True)
         res[p] = r
     if a.json:

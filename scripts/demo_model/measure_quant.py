@@ -61,6 +61,13 @@ def evaluate(path, samples, refs, tok):
             Q = probs(q[i0: len(seq) - 2], t)
             acc[t][0] += np.minimum(P, Q).sum()
             acc[t][1] += len(P)
+    size = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    return {"d1_T0.6": round(acc[0.6][0] / acc[0.6][1], 4), "d1_T0": round(acc[0.0][0] / acc[0.0][1], 4),
+            "heldout_loss": heldout_loss(ad, refs, tok), "size_MiB": round(size / 2**20, 2)}
+
+
+def heldout_loss(ad, refs, tok) -> float:
+    """Mean next-token NLL of the trunk on the held-out reference answers (nats/token)."""
     nll = n = 0
     for r in refs:
         pi = tok.encode(f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n")
@@ -68,12 +75,9 @@ def evaluate(path, samples, refs, tok):
         logits, _, _ = ad.forward(mx.array([pi + ai]), ad.make_cache())
         lp = logits[0, len(pi) - 1: -1].astype(mx.float32)
         lse = mx.logsumexp(lp, axis=-1)
-        tgt = mx.array(ai)
-        nll += float(mx.sum(lse - mx.take_along_axis(lp, tgt[:, None], axis=-1)[:, 0]))
+        nll += float(mx.sum(lse - mx.take_along_axis(lp, mx.array(ai)[:, None], axis=-1)[:, 0]))
         n += len(ai)
-    size = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-    return {"d1_T0.6": round(acc[0.6][0] / acc[0.6][1], 4), "d1_T0": round(acc[0.0][0] / acc[0.0][1], 4),
-            "heldout_loss": round(nll / n, 4), "size_MiB": round(size / 2**20, 2)}
+    return round(nll / n, 4)
 
 
 if __name__ == "__main__":
@@ -85,14 +89,9 @@ if __name__ == "__main__":
     ap.add_argument("--data", default="artifacts/demo/data")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from tokenizers import Tokenizer
+    from tokenizer import Encoder
 
-    tk = Tokenizer.from_file(str(Path(a.tokenizer) / "tokenizer.json"))
-
-    class Tok:
-        def encode(self, s):
-            return tk.encode(s).ids
-
+    enc = Encoder(a.tokenizer)
     res = json.loads(Path(a.run + ".json").read_text())
     ev = {e["prompt"]: e for f in ("eval_prompts.json", "eval_prompts_seen.json")
           for e in json.loads((Path(a.data) / f).read_text())}
@@ -105,7 +104,7 @@ if __name__ == "__main__":
         for bits in (0, 8, 4):
             p = E.export(a.run, a.text_config, a.tokenizer, Path(tmp) / f"t{bits}", mtp_bits=8,
                          trunk_bits=bits or None, hidden_variant="post_norm")
-            out[f"trunk_{bits or 'float'}"] = evaluate(p, samples, refs, Tok())
+            out[f"trunk_{bits or 'float'}"] = evaluate(p, samples, refs, enc)
             print(bits, out[f"trunk_{bits or 'float'}"], flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))

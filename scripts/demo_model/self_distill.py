@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import time
 from pathlib import Path
 
@@ -36,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from train_torch import EOS, PAD, DemoModel, acceptance, batches, filter_probs, generate, load_state, save_state
+from train_torch import (EOS, PAD, DemoModel, acceptance, batches, filter_probs, generate, load_state, make_optimizer,
+                         run_logger, save_state, set_lr)
 
 HERE = Path(__file__).resolve().parent
 TOP_K, TOP_P = 20, 0.95
@@ -367,13 +367,7 @@ def cmd_train(a):
     torch.backends.cuda.matmul.allow_tf32 = True
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / f"{a.name}.log", "a")
-
-    def P(*x):
-        s = " ".join(str(y) for y in x)
-        print(f"[{a.name}] {s}", flush=True)
-        log.write(s + "\n")
-        log.flush()
+    P = run_logger(out, a.name)
 
     tc = json.loads(Path(a.text_config).read_text())
     model = DemoModel(tc, "post_norm").to(dev)
@@ -399,20 +393,14 @@ def cmd_train(a):
     tokens = np.load(Path(a.data) / "train_tokens.npy") if a.corpus_frac > 0 else None
     cit = batches(tokens, a.corpus_batch, a.corpus_seq, rng) if tokens is not None else None
     params = list(model.mtp.parameters())
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
+    opt = make_optimizer(params, a, dev)
     t0 = time.time()
     step = 0
     while True:
         el = time.time() - t0
         if el > a.seconds or step >= a.max_steps:
             break
-        frac = min(1.0, el / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = set_lr(opt, a, step, el)
         opt.zero_grad(set_to_none=True)
         ids, lens, pl = data.batch(a.batch, dev)
         loss, st = step_loss(model, ids, pl + 1, lens, a)

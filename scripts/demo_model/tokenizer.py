@@ -99,3 +99,15 @@ def encode_corpus(corpus_dir, tok_dir, out_dir):
     (out_dir / "data_info.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info))
     return info
+
+
+class Encoder:
+    """text -> token ids with a built tokenizer (the held-out-loss measurements take one)."""
+
+    def __init__(self, tok_dir):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
+
+    def encode(self, text: str):
+        return self.tok.encode(text).ids

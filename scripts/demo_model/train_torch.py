@@ -319,6 +319,36 @@ def load_state(model, prefix):
     assert not missing and not unexpected, (missing, unexpected)
 
 
+def run_logger(out: Path, name: str):
+    """print(...) that also appends to <out>/<name>.log."""
+    log = open(out / f"{name}.log", "a")
+
+    def P(*x):
+        s = " ".join(str(y) for y in x)
+        print(f"[{name}] {s}", flush=True)
+        log.write(s + "\n")
+        log.flush()
+
+    return P
+
+
+def make_optimizer(params, a, dev):
+    """AdamW (0.9, 0.95), weight decay on matrices only."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=a.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
+
+
+def set_lr(opt, a, step: int, elapsed: float) -> float:
+    """Linear warm-up, then cosine to min_lr_frac over the step budget, or the time budget."""
+    frac = min(1.0, elapsed / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
+    lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+    for g in opt.param_groups:
+        g["lr"] = lr
+    return lr
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="artifacts/demo/data")
@@ -362,13 +392,7 @@ def main():
     if a.resume:
         load_state(model, a.resume)
     n_par = sum(p.numel() for p in model.parameters())
-    log = open(out / f"{a.name}.log", "a")
-
-    def P(*x):
-        s = " ".join(str(y) for y in x)
-        print(f"[{a.name}] {s}", flush=True)
-        log.write(s + "\n")
-        log.flush()
+    P = run_logger(out, a.name)
 
     P("params", n_par, "device", dev, vars(a))
     tokens = np.load(Path(a.data) / "train_tokens.npy")
@@ -380,10 +404,7 @@ def main():
         params = list(model.mtp.parameters())
     else:
         params = [p for p in model.parameters()]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
+    opt = make_optimizer(params, a, dev)
     it = batches(tokens, a.batch, a.seq, rng)
     t0 = time.time()
     step = 0
@@ -394,11 +415,7 @@ def main():
         el = time.time() - t0
         if el > a.seconds or step >= a.max_steps:
             break
-        # time-based cosine schedule
-        frac = min(1.0, el / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = set_lr(opt, a, step, el)
         ids = next(it).to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         for mb in ids.split(a.micro_batch or a.batch):  # gradient accumulation (same update)
