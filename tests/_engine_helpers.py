@@ -1,7 +1,26 @@
 """Checkpoints for engine tests: random heads reject nearly everything; a 'mixed' head accepts some."""
+import os
 from pathlib import Path
 
 import mlx.core as mx
+
+from adapters import load_adapter
+
+
+def load_modules_path(path, **kwargs):
+    """The adapter with the compiled CPU decode path off: every forward through mlx-lm's own
+    modules, the path GPUs (Metal, CUDA) run."""
+    old = os.environ.get("MTP_CHAT_COMPILED")
+    os.environ["MTP_CHAT_COMPILED"] = "0"
+    try:
+        adapter = load_adapter(path, **kwargs)
+    finally:
+        if old is None:
+            del os.environ["MTP_CHAT_COMPILED"]
+        else:
+            os.environ["MTP_CHAT_COMPILED"] = old
+    assert adapter._fast is None
+    return adapter
 
 
 def make_mixed_head(path: Path) -> Path:

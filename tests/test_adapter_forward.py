@@ -4,6 +4,7 @@ import mlx_lm
 import pytest
 
 from adapters import load_adapter
+from tests._engine_helpers import load_modules_path
 
 
 def _tokens(n, vocab, seed=0):
@@ -43,9 +44,11 @@ def test_hidden_variants(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("width", [2, 3, 4])
-def test_rollback_equals_a_run_that_never_speculated(tiny_checkpoint, width):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-cpu", "mlx-lm-modules"])
+def test_rollback_equals_a_run_that_never_speculated(tiny_checkpoint, width, compiled):
     """Verify `width` tokens with capture, keep any prefix: caches equal one-token-at-a-time decoding, bit for bit."""
-    adapter = load_adapter(tiny_checkpoint(bits=None, num_layers=4, full_attention_interval=2))
+    path = tiny_checkpoint(bits=None, num_layers=4, full_attention_interval=2)
+    adapter = load_adapter(path) if compiled else load_modules_path(path)
     V = adapter.contract.vocab_size
     context, block = _tokens(10, V, 1), _tokens(width, V, 2)
     for keep in range(1, width + 1):

@@ -3,6 +3,7 @@ import mlx.core as mx
 import pytest
 
 from adapters import cpu_decode, load_adapter
+from tests._engine_helpers import load_modules_path
 
 
 def _tokens(n, vocab, seed=0):
@@ -10,9 +11,7 @@ def _tokens(n, vocab, seed=0):
 
 
 def _pair(path, **kw):
-    fast = load_adapter(path, **kw)
-    ref = load_adapter(path, **kw)
-    ref._fast = None  # the same weights through mlx-lm's modules
+    fast, ref = load_adapter(path, **kw), load_modules_path(path, **kw)
     assert fast._fast is not None, "the CPU float32 load should use the compiled path"
     return fast, ref
 

@@ -8,7 +8,7 @@ import pytest
 
 from adapters import load_adapter
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, residual, verify_drafts
-from tests._engine_helpers import make_mixed_head
+from tests._engine_helpers import load_modules_path, make_mixed_head
 
 PROMPTS = [list(range(5, 25)), [100, 7, 300, 42], [3], list(range(200, 460, 3))]
 REJECTING = dict(bits=4, seed=1, frequent_tokens=0, logit_std=2.0, residual_gain=1.0)
@@ -25,8 +25,19 @@ def rejecting(tiny_checkpoint):
     return load_adapter(tiny_checkpoint(**REJECTING))
 
 
+# The same heads through mlx-lm's modules (compiled CPU path off), as on a GPU.
+@pytest.fixture(scope="module")
+def mixed_modules(tiny_checkpoint):
+    return load_modules_path(make_mixed_head(tiny_checkpoint(fresh=True, **MIXED)))
+
+
+@pytest.fixture(scope="module")
+def rejecting_modules(tiny_checkpoint):
+    return load_modules_path(tiny_checkpoint(**REJECTING))
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
-@pytest.mark.parametrize("which", ["mixed", "rejecting"])
+@pytest.mark.parametrize("which", ["mixed", "rejecting", "mixed_modules", "rejecting_modules"])
 def test_greedy_mtp_is_token_identical_to_ar(request, which, depth):
     adapter = request.getfixturevalue(which)
     greedy = SamplerConfig(temperature=0)
@@ -40,7 +51,7 @@ def test_greedy_mtp_is_token_identical_to_ar(request, which, depth):
         total_accepted += stats.accepted
         total_proposed += stats.proposed
     rate = total_accepted / total_proposed
-    if which == "mixed":
+    if which.startswith("mixed"):
         assert 0.05 < rate < 0.95, rate  # both paths exercised
     else:
         assert rate < 0.1, rate  # most cycles reject
