@@ -74,8 +74,7 @@ def _gdn_layer(layer, capture: bool) -> Callable:
         q = conv[:, :kd].reshape(S, Hk, Dk)
         k_ = conv[:, kd : 2 * kd].reshape(S, Hk, Dk)
         v = conv[:, 2 * kd :].reshape(S, Hv, 1, Dv)
-        q = Dk**-1 * (q * mx.rsqrt(mx.mean(mx.square(q), axis=-1, keepdims=True) + qk_eps))
-        k_ = Dk**-0.5 * (k_ * mx.rsqrt(mx.mean(mx.square(k_), axis=-1, keepdims=True) + qk_eps))
+        q, k_ = _rms(q, Dk**-1, qk_eps), _rms(k_, Dk**-0.5, qk_eps)  # normalize_qk: 1/Dk on q, 1/sqrt(Dk) on k
         if Hv > Hk:
             q, k_ = mx.repeat(q, Hv // Hk, axis=1), mx.repeat(k_, Hv // Hk, axis=1)
         q, k_ = q.reshape(S, Hv, 1, Dk), k_.reshape(S, Hv, 1, Dk)
@@ -156,18 +155,15 @@ class CpuDecode:
     def __init__(self, model, head):
         inner = model.language_model.model
         self.layers = inner.layers
-        self.steps: List[Tuple] = []
-        first_attn = None
-        for layer in self.layers:
-            if layer.is_linear:
-                self.steps.append((mx.compile(_gdn_layer(layer, False)), mx.compile(_gdn_layer(layer, True))))
-            else:
-                self.steps.append(_attention_parts(layer, layer.self_attn))
-                first_attn = first_attn or layer.self_attn
-        self.table = _rope_table(first_attn or head.layers[0].self_attn)
-        self._aranges = [mx.arange(s, dtype=mx.int32) for s in range(MAX_TOKENS + 1)]
+        self.steps: List[Tuple] = [
+            (mx.compile(_gdn_layer(layer, False)), mx.compile(_gdn_layer(layer, True))) if layer.is_linear
+            else _attention_parts(layer, layer.self_attn)
+            for layer in self.layers
+        ]
         self.head_parts = _attention_parts(head.layers[0], head.layers[0].self_attn, final_norm=head.norm)
-        self.head_table = _rope_table(head.layers[0].self_attn)
+        # The head's attention layer is built from the trunk's arguments: one RoPE for both.
+        self.table = _rope_table(head.layers[0].self_attn)
+        self._aranges = [mx.arange(s, dtype=mx.int32) for s in range(MAX_TOKENS + 1)]
         mx.eval(self._aranges)
         self._head = head
         self._head_in = mx.compile(self._head_input)
@@ -207,7 +203,7 @@ class CpuDecode:
     def head(self, hidden: mx.array, embedding: mx.array, cache) -> mx.array:
         """MTP head, hidden/embedding [S, H] -> g = norm(layer(fc(...))) [S, H]."""
         x = self._head_in(hidden, embedding)
-        cos_sin = self.head_table(mx.array(cache.offset, dtype=mx.int32), self._aranges[x.shape[0]])
+        cos_sin = self.table(mx.array(cache.offset, dtype=mx.int32), self._aranges[x.shape[0]])
         return self._attend(self.head_parts, x, cache, cos_sin, self._head.layers[0].self_attn.scale)
 
     @staticmethod

@@ -18,9 +18,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 from mlx_lm.models.qwen3_5 import TextModelArgs
 
-from . import sidecar
+from . import cpu_decode, sidecar
 from .checkpoint import text_config
-from . import cpu_decode
 from .contract import MTPContract
 from .cpu_layout import to_row_major
 from .errors import CheckpointError
@@ -69,6 +68,10 @@ class Qwen35Adapter:
             else None
         )
 
+    def _few_tokens(self, shape) -> bool:
+        """One sequence of at most cpu_decode.MAX_TOKENS positions, and the compiled path is on."""
+        return self._fast is not None and shape[0] == 1 and shape[1] <= cpu_decode.MAX_TOKENS
+
     # -- caches -------------------------------------------------------------------------
     def make_cache(self) -> list:
         return self.model.make_cache()
@@ -90,7 +93,7 @@ class Qwen35Adapter:
         """tokens [1, T] -> logits [1, T or 1, V], hidden [1, T, H] (the contract's variant)."""
         inner = self.inner
         h = inner.embed_tokens(tokens)
-        if self._fast is not None and tokens.shape == (1, tokens.shape[1]) and tokens.shape[1] <= cpu_decode.MAX_TOKENS:
+        if self._few_tokens(tokens.shape):
             h, post, gdn = self._fast.trunk(h.reshape(h.shape[1:]), cache, capture)
             logits = self.lm_head(post if all_logits else post[-1:])[None]
             captured = Captured(width=tokens.shape[1], gdn=gdn) if capture else None
@@ -130,7 +133,7 @@ class Qwen35Adapter:
         lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden.
         """
         embedding = self.inner.embed_tokens(next_tokens)
-        if self._fast is not None and hidden.shape[:2] == (1, hidden.shape[1]) and hidden.shape[1] <= cpu_decode.MAX_TOKENS:
+        if self._few_tokens(hidden.shape):
             return self._fast.head(hidden.reshape(hidden.shape[1:]), embedding.reshape(embedding.shape[1:]), mtp_cache)[None]
         return self.head(hidden, embedding, mtp_cache)
 

@@ -58,6 +58,15 @@ def set_number(pg, elem_id, value):
     box.press("Tab")
 
 
+def start_long_reply(pg):
+    """Send LONG_PROMPT with a 5000-token budget and wait until the reply is streaming."""
+    set_number(pg, "max-tokens", 5000)
+    pg.fill("#chat-input textarea", LONG_PROMPT)
+    pg.click("#chat-send")
+    pg.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
+                         " return b && b.innerText.length > 20; }")
+
+
 def bot_text(pg):
     return pg.locator("#chatbot [data-testid='bot']").first.inner_text() if pg.locator(
         "#chatbot [data-testid='bot']").count() else ""
@@ -106,11 +115,7 @@ def test_regenerate_and_undo(page):
 def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
-    set_number(page, "max-tokens", 5000)
-    page.fill("#chat-input textarea", LONG_PROMPT)
-    page.click("#chat-send")
-    page.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
-                           " return b && b.innerText.length > 20; }")
+    start_long_reply(page)
     page.click("#chat-stop")
     stats = wait_stats(page, "stopped", timeout=5_000)
     n = int(re.search(r"(\d+) tokens", stats).group(1))
@@ -182,11 +187,7 @@ def test_closing_the_tab_stops_the_decode(browser, app_url):
     pg.set_default_timeout(TIMEOUT)
     pg.goto(app_url)
     pg.wait_for_selector("#chat-input textarea")
-    set_number(pg, "max-tokens", 5000)
-    pg.fill("#chat-input textarea", LONG_PROMPT)
-    pg.click("#chat-send")
-    pg.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
-                         " return b && b.innerText.length > 20; }")
+    start_long_reply(pg)
     stops = STOPS[0]
     assert stops.active() == 1
     t0 = time.time()
@@ -205,11 +206,7 @@ def test_second_user_waits_in_the_queue_with_a_visible_position(browser, app_url
         pg.goto(app_url)
         pg.wait_for_selector("#chat-input textarea")
     first, second = pages
-    set_number(first, "max-tokens", 5000)
-    first.fill("#chat-input textarea", LONG_PROMPT)
-    first.click("#chat-send")
-    first.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
-                            " return b && b.innerText.length > 20; }")
+    start_long_reply(first)
     second.fill("#chat-input textarea", "Who goes next?")
     second.click("#chat-send")
     second.wait_for_function("() => /queue: *1\\/1/.test(document.querySelector('#chatbot').innerText)")

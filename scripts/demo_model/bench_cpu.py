@@ -95,15 +95,10 @@ def bench(hidden, layers, inter=None, ctx=64, n=40, interval=4):
 
 def ceiling(r, accs=(0.9, 0.8, 0.7)):
     """Expected speedup at depth D given per-depth acceptance."""
-    out = {}
-    for D in (1, 2, 3):
-        toks, p = 1.0, 1.0
-        for i in range(D):
-            p *= accs[i]
-            toks += p
-        cost = r[f"t{D + 1}_rel"] + D * r["mtp_rel"]
-        out[f"D{D}"] = round(toks / cost, 2)
-    return out
+    from core.costs import expected_tokens  # blas.py put the repository on sys.path
+
+    return {f"D{D}": round(expected_tokens(list(accs), D) / (r[f"t{D + 1}_rel"] + D * r["mtp_rel"]), 2)
+            for D in (1, 2, 3)}
 
 
 if __name__ == "__main__":

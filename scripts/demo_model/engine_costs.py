@@ -57,11 +57,7 @@ def measure(path, rounds=5, repeats=15):
 def predicted(row, acc):
     out = {}
     for D in (1, 2, 3):
-        toks, p = 1.0, 1.0
-        for i in range(D):
-            p *= acc[i]
-            toks += p
-        out[f"D{D}"] = round(toks / (row["verify_rel"][D + 1] + D * row["mtp_rel"]), 2)
+        out[f"D{D}"] = round(C.expected_tokens(acc, D) / (row["verify_rel"][D + 1] + D * row["mtp_rel"]), 2)
     return out
 
 
