@@ -11,13 +11,17 @@ Stages (run all, or any subset in order):
                in minutes, on a CPU in days (same code) -> artifacts/demo/runs/<name>-NN.safetensors
     selfdistill  the head alone, refitted to the trunk on the trunk's own replies to the training
                prompts (scripts/demo_model/self_distill.py gen/train/merge; trunk unchanged)
-               -> artifacts/demo/sd/<name>-NN.safetensors, which export then reads
+               -> artifacts/demo/sd/<name>_sd-NN.safetensors
+    cotrain    trunk and head fine-tuned together on those replies, the head's loss reaching the
+               trunk's own distribution, anchored to the starting trunk by KL (run "U3": the
+               trunk becomes predictable by its head) -> artifacts/demo/sd/<name>_co-NN.safetensors,
+               which export then reads
     export     -> models/demo in the Qwythos layout (8-bit trunk, 8-bit 29-tensor MTP sidecar)
     verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
 
     python scripts/build_demo_model.py                      # everything (train on whatever device torch finds)
     python scripts/build_demo_model.py --stages corpus tokenizer
-    python scripts/build_demo_model.py --stages selfdistill export verify --run artifacts/demo/carry/M1
+    python scripts/build_demo_model.py --stages selfdistill cotrain export verify --run artifacts/demo/carry/M1
 
 Requirements: apt-get install wordnet-base python3.11-doc fortunes fortunes-min dict-devil
 dict-jargon r-cran-janeaustenr libopenblas0-pthread; pip install torch transformers tokenizers
@@ -36,13 +40,15 @@ REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "scripts" / "demo_model"
 sys.path.insert(0, str(HERE))
 
-STAGES = ("corpus", "tokenizer", "train", "selfdistill", "export", "verify")
+STAGES = ("corpus", "tokenizer", "train", "selfdistill", "cotrain", "export", "verify")
 # The shipped recipe (run "M1"): see models/demo/README.md.
 TEXT_CONFIG = HERE / "configs" / "h256_L12_i2.json"
 TRAIN_ARGS = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill", "0.5", "--lr", "2e-3",
               "--batch", "64", "--seq", "512", "--variant", "post_norm"]
 # The shipped head (run "S5"): KL + total variation at the sampler's temperature, 360 steps.
 SELF_DISTILL_ARGS = ["--lr", "1.5e-3", "--max-steps", "360", "--seconds", "1e9"]
+# The shipped trunk + head (run "U3", sweep 5): 643 steps of 256 replies, trunk lr 2e-4.
+COTRAIN_ARGS = ["--trunk-lr", "2e-4", "--p-grad", "--w-anchor", "1.0", "--max-steps", "643", "--seconds", "1e9"]
 
 
 def main(argv=None):
@@ -98,6 +104,14 @@ def main(argv=None):
             cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
+        run = str(sd / name)
+    if "cotrain" in a.stages:
+        sd, name = work / "sd", Path(run).name.removesuffix("_sd") + "_co"
+        cmd = [sys.executable, str(HERE / "self_distill.py"), "train", "--run", run, "--text-config", str(TEXT_CONFIG),
+               "--gen", str(sd), "--out", str(sd), "--name", name, *COTRAIN_ARGS]
+        cmd += ["--device", a.device] if a.device else []
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
         run = str(sd / name)
     if "export" in a.stages:
         import export

@@ -14,6 +14,10 @@
 # replies of joint_gen (artifacts/demo/sd/eval_replies.json) must be carried into later calls
 # if the machine went cold in between.
 #   STAGE final      chosen head-only recipes, longer: sd_calls.sh final "F1|args" "F2|args" ...
+#   STAGE trunk      sweep 5: trunk + head fine-tuned together on the trunk's own replies from RUN
+#                    (default the shipped S5), anchored to the starting trunk; then held-out loss,
+#                    and the shards of the two best by held-back acceptance within KEEP_LOSS
+#                    nats of the start come back:  RUN=... sd_calls.sh trunk "T1|args" ...
 #
 #   bash scripts/demo_model/sd_calls.sh joint_gen
 set -u
@@ -33,7 +37,7 @@ head_runs() {  # SECS, then "name|args" ...
   local pids=()
   for spec in "$@"; do
     name=${spec%%|*}; args=${spec#*|}
-    $SD train --run $M1 --gen "$GEN" --out artifacts/demo/sd --name "$name" --seconds "$secs" $args \
+    $SD train --run "${RUN:-$M1}" --gen "$GEN" --out artifacts/demo/sd --name "$name" --seconds "$secs" $args \
       > "artifacts/demo/sd/$name.stdout" 2>&1 &
     pids+=($!)
   done
@@ -86,6 +90,27 @@ final)
   SECS=${SECS:-480}
   head_runs "$SECS" "$@"
   tar czf "$OUTDIR/call3.tgz" artifacts/demo/sd/F*.json artifacts/demo/sd/F*.stdout artifacts/demo/sd/F*.head.safetensors
+  ;;
+trunk)
+  SECS=${SECS:-330}
+  head_runs "$SECS" "$@"
+  names=(); for spec in "$@"; do names+=("artifacts/demo/sd/${spec%%|*}"); done
+  $SD loss --runs "$RUN" "${names[@]}" --json artifacts/demo/sd/trunk_loss.json 2>&1 | grep heldout
+  python3 - "$RUN" "${KEEP_LOSS:-0.05}" "$OUTDIR" "${names[@]}" <<'PY'
+import json, shutil, sys
+run, keep, out, names = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+loss = json.load(open("artifacts/demo/sd/trunk_loss.json"))
+rows = []
+for n in names:
+    val = json.load(open(n + ".json"))["val"]
+    rows.append((loss[n] - loss[run] <= keep, val["T0.6"]["d1"], n))
+    print(n, "loss", loss[n], "val", json.dumps(val))
+for ok, acc, n in sorted(rows, reverse=True)[:2]:
+    for part in ("-00", "-01"):
+        shutil.copy(n + part + ".safetensors", out)
+    print("kept", n, ok, acc)
+PY
+  tar czf "$OUTDIR/call_trunk.tgz" artifacts/demo/sd/T*.json artifacts/demo/sd/T*.stdout artifacts/demo/sd/trunk_loss.json
   ;;
 esac
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader || true

@@ -264,6 +264,9 @@ def head_loss(q, p, tgt, a):
     tau = a.tau
     with torch.no_grad():
         pp, pi = sparse_sampler(p, tau, a.top_k, a.top_p)
+    if p.requires_grad:  # --p-grad: the trunk's own filtered distribution moves too
+        v = (p.float().gather(-1, pi) / tau).masked_fill(pp == 0, float("-inf"))
+        pp = torch.softmax(v, -1)
     if a.w_kl:
         if a.kl_full:  # full-vocabulary KL at temperature tau (no filter on p)
             lp = torch.log_softmax(p.float() / tau, -1)
@@ -297,18 +300,37 @@ def head_loss(q, p, tgt, a):
     return loss, st
 
 
-def step_loss(model, ids, valid_from, lens, a):
+def step_loss(model, ids, valid_from, lens, a, teacher=None):
     """valid_from [B]: first target index counted (prompt length + 1, as in the probe);
-    lens [B]: sequence lengths.  Corpus windows: valid_from = 1, lens = T."""
-    with torch.no_grad():
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
-            logits, hidden = model.trunk(ids)
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
-        qs = model.mtp_chain(hidden.detach(), ids, a.depth)
+    lens [B]: sequence lengths.  Corpus windows: valid_from = 1, lens = T.
+
+    With a trainable trunk (--trunk-lr > 0) the head's loss also reaches the trunk through
+    its hidden state (as in joint MTP training), through p itself with --p-grad, and the
+    trunk is held near the `teacher` (the starting trunk) by KL(teacher || trunk) on every
+    reply position, weight --w-anchor."""
+    cast = dict(device_type=ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda")
+    train_trunk = teacher is not None
+    with torch.set_grad_enabled(train_trunk), torch.autocast(**cast):
+        logits, hidden = model.trunk(ids)
+    with torch.autocast(**cast):
+        qs = model.mtp_chain(hidden if train_trunk else hidden.detach(), ids, a.depth)
     B, T = ids.shape
     N = T - 1
     total = 0.0
     stats = {}
+    if train_trunk:
+        with torch.no_grad(), torch.autocast(**cast):
+            p0 = teacher.trunk(ids)[0]
+        pos = torch.arange(N, device=ids.device) + 1
+        valid = (pos[None] >= valid_from[:, None]) & (pos[None] < lens[:, None])
+        lp0 = torch.log_softmax(p0[:, :N][valid].float(), -1)
+        anchor = (lp0.exp() * (lp0 - torch.log_softmax(logits[:, :N][valid].float(), -1))).sum(-1).mean()
+        total = total + a.w_anchor * anchor
+        stats["anchor"] = anchor.detach()
+        if not a.p_grad:
+            logits = logits.detach()
+    else:
+        logits = logits.detach()
     for d in range(1, a.depth + 1):
         tgt_pos = torch.arange(N - d, device=ids.device) + 1 + d
         valid = (tgt_pos[None] >= valid_from[:, None]) & (tgt_pos[None] < lens[:, None])
@@ -376,9 +398,15 @@ def cmd_train(a):
         load_state(model, a.resume)
     if a.resume_head:
         load_head(model, a.resume_head)
-    for p in model.lm.parameters():
-        p.requires_grad_(False)
-    model.eval()  # no dropout anywhere; trunk frozen
+    teacher = None
+    if a.trunk_lr > 0:  # a frozen copy of the starting trunk anchors the trained one
+        teacher = DemoModel(tc, "post_norm").to(dev)
+        teacher.load_state_dict(model.state_dict())
+        teacher.eval().requires_grad_(False)
+    else:
+        for p in model.lm.parameters():
+            p.requires_grad_(False)
+    model.eval()  # no dropout anywhere
     P("args", vars(a))
     ev = json.loads((Path(a.gen) / "eval_replies.json").read_text())
     res = {"name": a.name, "args": vars(a)}
@@ -394,6 +422,10 @@ def cmd_train(a):
     cit = batches(tokens, a.corpus_batch, a.corpus_seq, rng) if tokens is not None else None
     params = list(model.mtp.parameters())
     opt = make_optimizer(params, a, dev)
+    if teacher is not None:
+        trunk_params = list(model.lm.parameters())
+        opt.add_param_group({"params": trunk_params, "weight_decay": 0.0, "lr_scale": a.trunk_lr / a.lr})
+        params = params + trunk_params
     t0 = time.time()
     step = 0
     while True:
@@ -403,12 +435,12 @@ def cmd_train(a):
         lr = set_lr(opt, a, step, el)
         opt.zero_grad(set_to_none=True)
         ids, lens, pl = data.batch(a.batch, dev)
-        loss, st = step_loss(model, ids, pl + 1, lens, a)
+        loss, st = step_loss(model, ids, pl + 1, lens, a, teacher)
         if cit is not None and rng.random() < a.corpus_frac:
             cids = next(cit).to(dev)
             B, T = cids.shape
             l2, st2 = step_loss(model, cids, torch.ones(B, dtype=torch.long, device=dev),
-                                torch.full((B,), T, dtype=torch.long, device=dev), a)
+                                torch.full((B,), T, dtype=torch.long, device=dev), a, teacher)
             loss = loss + l2
             st.update({f"c_{k}": v for k, v in st2.items()})
         loss.backward()
@@ -530,6 +562,9 @@ def main():
     t.add_argument("--corpus-frac", type=float, default=0.0, help="probability of adding a corpus batch per step")
     t.add_argument("--corpus-batch", type=int, default=32)
     t.add_argument("--corpus-seq", type=int, default=256)
+    t.add_argument("--trunk-lr", type=float, default=0.0, help="> 0: train the trunk too, at this peak lr")
+    t.add_argument("--p-grad", action="store_true", help="with --trunk-lr: the head's loss moves p as well")
+    t.add_argument("--w-anchor", type=float, default=1.0, help="KL(starting trunk || trunk) weight")
     t.add_argument("--eval-init", action="store_true")
     t.add_argument("--val-prompts", type=int, default=2000, help="training prompts held back for choosing")
     lo = sub.add_parser("loss")

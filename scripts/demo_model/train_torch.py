@@ -345,7 +345,7 @@ def set_lr(opt, a, step: int, elapsed: float) -> float:
     frac = min(1.0, elapsed / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
     lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
     for g in opt.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     return lr
 
 
