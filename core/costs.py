@@ -1,14 +1,20 @@
-"""The cost model: what a verify of width k and one MTP step cost, relative to one AR step.
+"""The cost model: what a cycle at depth D costs, relative to one token of the AR lane.
 
 Speculation at depth D yields 1 + a1 + a1*a2 + ... tokens per cycle (a_i: acceptance at
 depth i given the earlier ones passed) for one verify of width D+1 plus D MTP steps.
+
+Two measurements, both relative to one AR step: the parts (a verify of width k, one MTP
+step), and whole cycles timed as the lanes run them (the AR lane pipelined, full
+draft-verify-accept-commit cycles). The whole cycle is what predictions use: on a CPU
+the acceptance test, finiteness checks, the head catching up on two positions and the
+host's bookkeeping add ~0.2-0.4 AR steps that the parts miss.
 """
 from __future__ import annotations
 
 import statistics
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import mlx.core as mx
@@ -21,15 +27,21 @@ class Costs:
     ar_step_seconds: float
     verify: Dict[int, float]  # width -> cost relative to one AR step (verify[1] == 1.0)
     mtp_step: float  # one MTP step (head layer + lm_head + sampling) relative to one AR step
+    cycles: Dict[int, float] = field(default_factory=dict)  # depth -> whole cycle, as the lanes run
+
+    def parts(self, depth: int) -> float:
+        return self.verify[depth + 1] + depth * self.mtp_step
 
     def cycle(self, depth: int) -> float:
-        return self.verify[depth + 1] + depth * self.mtp_step
+        return self.cycles[depth] if depth in self.cycles else self.parts(depth)
 
     def as_dict(self) -> dict:
         return {
             "ar_step_ms": self.ar_step_seconds * 1e3,
             "verify_width": {str(k): v for k, v in self.verify.items()},
             "mtp_step": self.mtp_step,
+            "cycle": {str(d): v for d, v in self.cycles.items()},
+            "cycle_from_parts": {str(d): self.parts(d) for d in range(1, max(self.verify))},
         }
 
 
@@ -90,9 +102,35 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
         ar_step_seconds=base,
         verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
         mtp_step=timed(mtp_step) / base,
+        cycles=measure_cycles(adapter, sampler, tokens[0], max_depth=max_width - 1),
     )
     _CACHE[adapter] = costs
     return costs
+
+
+def measure_cycles(adapter, sampler, prompt: mx.array, max_depth: int, steps: int = 24, rounds: int = 3) -> Dict[int, float]:
+    """Seconds per cycle at depths 1..max_depth over seconds per token of the AR lane, each
+    the median of `rounds` runs of `steps` cycles (tokens) through the lanes' own loops."""
+    from .decoders import AutoregressiveDecoder, SpeculativeDecoder
+    from .stats import GenerationStats
+
+    def per_yield(lane, depth: int) -> float:
+        it = lane._steps(prompt, steps * (depth + 1) + 2, GenerationStats())
+        next(it)  # prefill and the first token are not decode time
+        t0 = time.perf_counter()
+        for n, _ in enumerate(it, 1):
+            if n == steps:
+                break
+        it.close()
+        return (time.perf_counter() - t0) / steps
+
+    ar = AutoregressiveDecoder(adapter, sampler=sampler)
+    lanes = {d: SpeculativeDecoder(adapter, sampler=sampler, depth=d) for d in range(1, max_depth + 1)}
+    per_round = []
+    for _ in range(rounds):  # AR and MTP interleaved, so that both see the same machine
+        ar_s = per_yield(ar, 0)
+        per_round.append({d: per_yield(lane, d) / ar_s for d, lane in lanes.items()})
+    return {d: statistics.median(r[d] for r in per_round) for d in lanes}
 
 
 class DepthPolicy:

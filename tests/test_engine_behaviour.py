@@ -169,6 +169,9 @@ def test_auto_depth_prices_out_a_useless_head_and_stays_exact(tiny_checkpoint, a
     assert stats.proposed < 20  # it stopped drafting (only probes)
     costs = measure_costs(useless)
     assert costs.verify[1] == 1.0 and costs.mtp_step > 0 and set(costs.verify) >= {1, 2, 3, 4}
+    # whole cycles, timed through the lanes' loops, for every depth the verify widths cover
+    assert set(costs.cycles) == {1, 2, 3, 4} and all(c > 0 for c in costs.cycles.values())
+    assert costs.cycle(2) == costs.cycles[2] and TYPICAL_COSTS.cycle(2) == TYPICAL_COSTS.parts(2) == 1.4 + 2 * 0.2
     # the cost model's prediction is reported
     assert stats.predicted_speedup is not None
 
