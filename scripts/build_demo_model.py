@@ -12,10 +12,12 @@ Stages (run all, or any subset in order):
     selfdistill  the head alone, refitted to the trunk on the trunk's own replies to the training
                prompts (scripts/demo_model/self_distill.py gen/train/merge; trunk unchanged)
                -> artifacts/demo/sd/<name>_sd-NN.safetensors
-    cotrain    trunk and head fine-tuned together on those replies, the head's loss reaching the
-               trunk's own distribution, anchored to the starting trunk by KL (run "U3": the
-               trunk becomes predictable by its head) -> artifacts/demo/sd/<name>_co-NN.safetensors,
-               which export then reads
+    cotrain    trunk and head fine-tuned together, the head's loss reaching the trunk's own
+               distribution and a KL anchor holding the trunk near the self-distilled one: round 1
+               on those replies (run "U3"), then the round-1 model answers the training prompts
+               itself and round 2 trains on its own replies, anchored harder (run "V2", shipped),
+               so that the anchor sees the repetition loops round 1 fell into
+               -> artifacts/demo/sd/<name>_co2-NN.safetensors, which export then reads
     export     -> models/demo in the Qwythos layout (8-bit trunk, 8-bit 29-tensor MTP sidecar)
     verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
 
@@ -47,8 +49,12 @@ TRAIN_ARGS = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill",
               "--batch", "64", "--seq", "512", "--variant", "post_norm"]
 # The shipped head (run "S5"): KL + total variation at the sampler's temperature, 360 steps.
 SELF_DISTILL_ARGS = ["--lr", "1.5e-3", "--max-steps", "360", "--seconds", "1e9"]
-# The shipped trunk + head (run "U3", sweep 5): 643 steps of 256 replies, trunk lr 2e-4.
+# Co-training round 1 (run "U3", sweep 5): 643 steps of 256 replies, trunk lr 2e-4; round 2 (run "V2",
+# sweep 6, shipped): 409 steps on round 1's own replies (on one H200 the generation was cut at
+# 75 s / 25 s: 52k sampled and 43.5k greedy replies), anchored to the self-distilled trunk.
 COTRAIN_ARGS = ["--trunk-lr", "2e-4", "--p-grad", "--w-anchor", "1.0", "--max-steps", "643", "--seconds", "1e9"]
+COTRAIN2_ARGS = ["--trunk-lr", "1e-4", "--p-grad", "--w-anchor", "2.0", "--max-steps", "409", "--seconds", "1e9"]
+COTRAIN2_GEN_ARGS = ["--gen-batch", "8192", "--gen-seconds", "75", "25"]
 
 
 def main(argv=None):
@@ -107,12 +113,20 @@ def main(argv=None):
         run = str(sd / name)
     if "cotrain" in a.stages:
         sd, name = work / "sd", Path(run).name.removesuffix("_sd") + "_co"
-        cmd = [sys.executable, str(HERE / "self_distill.py"), "train", "--run", run, "--text-config", str(TEXT_CONFIG),
-               "--gen", str(sd), "--out", str(sd), "--name", name, *COTRAIN_ARGS]
-        cmd += ["--device", a.device] if a.device else []
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        run = str(sd / name)
+        cfg = ["--text-config", str(TEXT_CONFIG), "--data", str(work / "data")]
+        cfg += ["--device", a.device] if a.device else []
+        gen2 = sd / f"{name}_gen"  # round 1's own replies (and its probe-style evaluation replies)
+        steps = [
+            ["train", "--run", run, *cfg, "--gen", str(sd), "--out", str(sd), "--name", name, *COTRAIN_ARGS],
+            ["gen", "--run", str(sd / name), *cfg, "--out", str(gen2), *COTRAIN2_GEN_ARGS],
+            ["train", "--run", str(sd / name), *cfg, "--gen", str(gen2), "--out", str(sd), "--name", name + "2",
+             "--teacher", run, *COTRAIN2_ARGS],
+        ]
+        for step in steps:
+            cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
+            print(" ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+        run = str(sd / (name + "2"))
     if "export" in a.stages:
         import export
 

@@ -18,6 +18,10 @@
 #                    (default the shipped S5), anchored to the starting trunk; then held-out loss,
 #                    and the shards of the two best by held-back acceptance within KEEP_LOSS
 #                    nats of the start come back:  RUN=... sd_calls.sh trunk "T1|args" ...
+#   STAGE onpolicy   sweep 6: the co-trained model (carry7/U3, int8-packed by shards_q8.py) answers
+#                    the training prompts itself, then trains on those replies, anchored to the
+#                    trunk before co-training (carry7/S5): the anchor now sees the repetition loops
+#                    the co-trained trunk falls into.  KEEP="V2 V3" names the shards that come back.
 #
 #   bash scripts/demo_model/sd_calls.sh joint_gen
 set -u
@@ -90,6 +94,19 @@ final)
   SECS=${SECS:-480}
   head_runs "$SECS" "$@"
   tar czf "$OUTDIR/call3.tgz" artifacts/demo/sd/F*.json artifacts/demo/sd/F*.stdout artifacts/demo/sd/F*.head.safetensors
+  ;;
+onpolicy)
+  D7=artifacts/demo/sd7
+  python3 $D/shards_q8.py unpack artifacts/demo/carry7/U3.q8.safetensors $D7/U3
+  python3 $D/shards_q8.py unpack artifacts/demo/carry7/S5.q8.safetensors $D7/S5
+  cp artifacts/demo/carry7/eval_replies.json $D7/
+  $SD gen --run $D7/U3 --out $D7 --skip-eval --gen-batch 8192 --gen-seconds ${GEN_SECS:-75 25} ${GEN_ARGS:-} > $D7/gen.stdout 2>&1
+  grep -vE "done,|falling" $D7/gen.stdout | tail -4
+  RUN=$D7/U3 GEN=$D7 head_runs "${SECS:-240}" "$@"
+  names=(); for spec in "$@"; do names+=("artifacts/demo/sd/${spec%%|*}"); done
+  $SD loss --runs $D7/U3 $D7/S5 "${names[@]}" --json artifacts/demo/sd/onpolicy_loss.json 2>&1 | grep heldout
+  for n in ${KEEP:-}; do cp artifacts/demo/sd/$n-00.safetensors artifacts/demo/sd/$n-01.safetensors "$OUTDIR/" 2>/dev/null; done
+  tar czf "$OUTDIR/call_onpolicy.tgz" artifacts/demo/sd/V*.json artifacts/demo/sd/V*.stdout artifacts/demo/sd/onpolicy_loss.json $D7/gen.log
   ;;
 trunk)
   SECS=${SECS:-330}

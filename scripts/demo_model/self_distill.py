@@ -399,9 +399,12 @@ def cmd_train(a):
     if a.resume_head:
         load_head(model, a.resume_head)
     teacher = None
-    if a.trunk_lr > 0:  # a frozen copy of the starting trunk anchors the trained one
+    if a.trunk_lr > 0:  # a frozen trunk anchors the trained one: the starting one, or --teacher
         teacher = DemoModel(tc, "post_norm").to(dev)
-        teacher.load_state_dict(model.state_dict())
+        if a.teacher:
+            load_state(teacher, a.teacher)
+        else:
+            teacher.load_state_dict(model.state_dict())
         teacher.eval().requires_grad_(False)
     else:
         for p in model.lm.parameters():
@@ -565,6 +568,7 @@ def main():
     t.add_argument("--trunk-lr", type=float, default=0.0, help="> 0: train the trunk too, at this peak lr")
     t.add_argument("--p-grad", action="store_true", help="with --trunk-lr: the head's loss moves p as well")
     t.add_argument("--w-anchor", type=float, default=1.0, help="KL(starting trunk || trunk) weight")
+    t.add_argument("--teacher", default=None, help="shards of the anchoring trunk (default: the starting one)")
     t.add_argument("--eval-init", action="store_true")
     t.add_argument("--val-prompts", type=int, default=2000, help="training prompts held back for choosing")
     lo = sub.add_parser("loss")
