@@ -64,7 +64,7 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
         return cached
     from .sampling import SamplerConfig
 
-    sampler = SamplerConfig(temperature=1.0, top_p=0.95, top_k=20)
+    sampler = SamplerConfig()
     V = adapter.contract.vocab_size
     tokens = mx.random.randint(0, V, (1, context), key=mx.random.key(0)).astype(mx.int32)
     cache = adapter.make_cache()
@@ -102,24 +102,22 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
         ar_step_seconds=base,
         verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
         mtp_step=timed(mtp_step) / base,
-        cycles=measure_cycles(adapter, max_depth=max_width - 1),
+        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1),
     )
     _CACHE[adapter] = costs
     return costs
 
 
-def measure_cycles(adapter, max_depth: int, steps: int = 24, rounds: int = 3) -> Dict[int, float]:
+def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: int = 3) -> Dict[int, float]:
     """Seconds per cycle at depths 1..max_depth over seconds per token of the AR lane, each
     the median of `rounds` runs of `steps` cycles (tokens) through the lanes' own loops.
 
-    On a chat prompt at the default sampler, so that drafts are accepted about as often as
-    in use: a rejected cycle and an accepted one do not cost the same."""
+    On a chat prompt, so that drafts are accepted about as often as in use: a rejected cycle
+    and an accepted one do not cost the same."""
     from .chat import chat_prompt_ids
     from .decoders import AutoregressiveDecoder, SpeculativeDecoder
-    from .sampling import SamplerConfig
     from .stats import GenerationStats
 
-    sampler = SamplerConfig()
     prompt = mx.array(chat_prompt_ids(adapter, [{"role": "user", "content": "Define the word harbor."}]), dtype=mx.int32)
 
     def per_yield(lane, depth: int) -> float:

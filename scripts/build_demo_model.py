@@ -57,6 +57,14 @@ COTRAIN2_ARGS = ["--trunk-lr", "1e-4", "--p-grad", "--w-anchor", "2.0", "--max-s
 COTRAIN2_GEN_ARGS = ["--gen-batch", "8192", "--gen-seconds", "75", "25"]
 
 
+def self_distill(steps):
+    """Run scripts/demo_model/self_distill.py once per argument list, in order."""
+    for step in steps:
+        cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
@@ -106,10 +114,7 @@ def main(argv=None):
             ["merge", "--run", run, "--text-config", str(TEXT_CONFIG), "--head", str(sd / f"{name}.head.safetensors"),
              "--out", str(sd / name)],
         ]
-        for step in steps:
-            cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+        self_distill(steps)
         run = str(sd / name)
     if "cotrain" in a.stages:
         sd, name = work / "sd", Path(run).name.removesuffix("_sd") + "_co"
@@ -122,10 +127,7 @@ def main(argv=None):
             ["train", "--run", str(sd / name), *cfg, "--gen", str(gen2), "--out", str(sd), "--name", name + "2",
              "--teacher", run, *COTRAIN2_ARGS],
         ]
-        for step in steps:
-            cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+        self_distill(steps)
         run = str(sd / (name + "2"))
     if "export" in a.stages:
         import export

@@ -36,6 +36,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 RECIPE="--depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --lr 2e-3 --batch 64 --seq 512 --variant post_norm --micro-batch 32"
 SD="python3 $D/self_distill.py"
 
+run_paths() {  # "name|args" ... -> the shard prefix of each run, one per line
+  for spec in "$@"; do echo "artifacts/demo/sd/${spec%%|*}"; done
+}
+
 head_runs() {  # SECS, then "name|args" ...
   local secs=$1; shift
   local pids=()
@@ -103,7 +107,7 @@ onpolicy)
   $SD gen --run $D7/U3 --out $D7 --skip-eval --gen-batch 8192 --gen-seconds ${GEN_SECS:-75 25} ${GEN_ARGS:-} > $D7/gen.stdout 2>&1
   grep -vE "done,|falling" $D7/gen.stdout | tail -4
   RUN=$D7/U3 GEN=$D7 head_runs "${SECS:-240}" "$@"
-  names=(); for spec in "$@"; do names+=("artifacts/demo/sd/${spec%%|*}"); done
+  mapfile -t names < <(run_paths "$@")
   $SD loss --runs $D7/U3 $D7/S5 "${names[@]}" --json artifacts/demo/sd/onpolicy_loss.json 2>&1 | grep heldout
   for n in ${KEEP:-}; do cp artifacts/demo/sd/$n-00.safetensors artifacts/demo/sd/$n-01.safetensors "$OUTDIR/" 2>/dev/null; done
   tar czf "$OUTDIR/call_onpolicy.tgz" artifacts/demo/sd/V*.json artifacts/demo/sd/V*.stdout artifacts/demo/sd/onpolicy_loss.json $D7/gen.log
@@ -111,7 +115,7 @@ onpolicy)
 trunk)
   SECS=${SECS:-330}
   head_runs "$SECS" "$@"
-  names=(); for spec in "$@"; do names+=("artifacts/demo/sd/${spec%%|*}"); done
+  mapfile -t names < <(run_paths "$@")
   $SD loss --runs "$RUN" "${names[@]}" --json artifacts/demo/sd/trunk_loss.json 2>&1 | grep heldout
   python3 - "$RUN" "${KEEP_LOSS:-0.05}" "$OUTDIR" "${names[@]}" <<'PY'
 import json, shutil, sys

@@ -300,6 +300,12 @@ def head_loss(q, p, tgt, a):
     return loss, st
 
 
+def target_mask(N, d, valid_from, lens):
+    """[B, N - d]: which targets t[1 + d : N + 1] of a batch count (index >= valid_from, < lens)."""
+    tgt_pos = torch.arange(N - d, device=lens.device) + 1 + d
+    return (tgt_pos[None] >= valid_from[:, None]) & (tgt_pos[None] < lens[:, None])
+
+
 def step_loss(model, ids, valid_from, lens, a, teacher=None):
     """valid_from [B]: first target index counted (prompt length + 1, as in the probe);
     lens [B]: sequence lengths.  Corpus windows: valid_from = 1, lens = T.
@@ -321,19 +327,15 @@ def step_loss(model, ids, valid_from, lens, a, teacher=None):
     if train_trunk:
         with torch.no_grad(), torch.autocast(**cast):
             p0 = teacher.trunk(ids)[0]
-        pos = torch.arange(N, device=ids.device) + 1
-        valid = (pos[None] >= valid_from[:, None]) & (pos[None] < lens[:, None])
+        valid = target_mask(N, 0, valid_from, lens)
         lp0 = torch.log_softmax(p0[:, :N][valid].float(), -1)
         anchor = (lp0.exp() * (lp0 - torch.log_softmax(logits[:, :N][valid].float(), -1))).sum(-1).mean()
         total = total + a.w_anchor * anchor
         stats["anchor"] = anchor.detach()
-        if not a.p_grad:
-            logits = logits.detach()
-    else:
+    if not (train_trunk and a.p_grad):
         logits = logits.detach()
     for d in range(1, a.depth + 1):
-        tgt_pos = torch.arange(N - d, device=ids.device) + 1 + d
-        valid = (tgt_pos[None] >= valid_from[:, None]) & (tgt_pos[None] < lens[:, None])
+        valid = target_mask(N, d, valid_from, lens)
         q = qs[d - 1][:, : N - d][valid]
         p = logits[:, d:N][valid]
         tgt = ids[:, 1 + d:][valid]
@@ -361,8 +363,7 @@ def val_acceptance(model, data, a, bs=256):
                 qs = model.mtp_chain(hidden, ids, a.depth)
             N = ids.shape[1] - 1
             for d in range(1, a.depth + 1):
-                tgt_pos = torch.arange(N - d, device=dev) + 1 + d
-                valid = (tgt_pos[None] >= (pl + 1)[:, None]) & (tgt_pos[None] < lens[:, None])
+                valid = target_mask(N, d, pl + 1, lens)
                 q = filter_probs(qs[d - 1][:, : N - d][valid], temp, TOP_K, TOP_P)
                 p = filter_probs(logits[:, d:N][valid], temp, TOP_K, TOP_P)
                 tot[d - 1] += torch.minimum(p, q).sum(-1).sum().item()

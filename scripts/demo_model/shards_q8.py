@@ -36,8 +36,6 @@ def pack(prefix: str, out: str) -> None:
 
 
 def unpack(path: str, prefix: str) -> None:
-    from train_torch import save_state  # noqa: F401  (same shard naming as training)
-
     packed = load_file(path)
     sd = {}
     for k, v in packed.items():
@@ -51,5 +49,4 @@ def unpack(path: str, prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     {"pack": pack, "unpack": unpack}[sys.argv[1]](sys.argv[2], sys.argv[3])
