@@ -74,6 +74,68 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
+# A Qwen3.5-style template (template="qwen3_5"): tools listed in the system turn, calls as
+# <tool_call> blocks, tool results as <tool_response> user turns, and a reasoning switch:
+# the generation prompt opens a <think> block, or with enable_thinking=false closes an empty
+# one. Earlier turns' thinking is dropped when the history is re-rendered, as Qwen's does.
+QWEN35_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- elif messages and messages[0].role == 'system' -%}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- set ns = namespace(last_query=messages|length - 1, done=false) -%}"
+    "{%- for m in messages[::-1] -%}"
+    "{%- if not ns.done and m.role == 'user' and not (m.content is string and m.content.startswith('<tool_response>')) -%}"
+    "{%- set ns.last_query = messages|length - 1 - loop.index0 -%}{%- set ns.done = true -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- set content = m.content if m.content is string else '' -%}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}"
+    "{%- if '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{%- if loop.index0 > ns.last_query and reasoning -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>assistant\\n' + content -}}"
+    "{%- endif -%}"
+    "{%- for tc in m.tool_calls or [] -%}"
+    "{%- set f = tc.function if tc.function else tc -%}"
+    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\\\"name\\\": \\\"' + f.name + '\\\", \\\"arguments\\\": ' -}}"
+    "{{- f.arguments if f.arguments is string else f.arguments | tojson -}}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+TEMPLATES = {"chatml": CHAT_TEMPLATE, "qwen3_5": QWEN35_TEMPLATE}
+# Added (non-special) tokens of the Qwen3.5 template, as Qwen's tokenizer has them.
+QWEN35_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
 SIDECAR_KEY_MODES = ("both", "extra", "mtp_file", "none")
 DEFAULT_SIDECAR = "optiq/mtp.safetensors"
 
@@ -135,13 +197,15 @@ _TOKENIZER_CACHE: dict = {}
 
 
 # --------------------------------------------------------------------------- tokenizer
-def _train_tokenizer_json(vocab_size: int) -> str:
-    """A byte-level BPE of exactly ``vocab_size`` ids, ChatML specials at the end."""
-    if vocab_size in _TOKENIZER_CACHE:
-        return _TOKENIZER_CACHE[vocab_size]
+def _train_tokenizer_json(vocab_size: int, extra_tokens=()) -> str:
+    """A byte-level BPE of exactly ``vocab_size`` ids, ChatML specials at the end, any
+    ``extra_tokens`` (added, not special) just before them."""
+    key = (vocab_size, tuple(extra_tokens))
+    if key in _TOKENIZER_CACHE:
+        return _TOKENIZER_CACHE[key]
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    n_special = len(SPECIAL_TOKENS)
+    n_special = len(SPECIAL_TOKENS) + len(extra_tokens)
     if vocab_size < 256 + n_special:
         raise ValueError(f"vocab_size must be >= {256 + n_special} for a byte-level BPE")
     tok = Tokenizer(models.BPE())
@@ -162,15 +226,17 @@ def _train_tokenizer_json(vocab_size: int) -> str:
                for i in range(vocab_size - n_special - n)]
     if fillers:
         tok.add_tokens(fillers)
+    if extra_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_tokens])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
     js = tok.to_str()
-    _TOKENIZER_CACHE[vocab_size] = js
+    _TOKENIZER_CACHE[key] = js
     return js
 
 
-def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict:
-    js = _train_tokenizer_json(vocab_size)
+def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int, template: str = "chatml") -> dict:
+    js = _train_tokenizer_json(vocab_size, QWEN35_TOKENS if template == "qwen3_5" else ())
     (out / "tokenizer.json").write_text(js)
     ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
     # Every added token (fillers and specials) with its id: transformers rebuilds the added
@@ -187,7 +253,7 @@ def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int) -> dict:
         "added_tokens_decoder": added,
         "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != PAD_TOKEN],
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": TEMPLATES[template],
         "clean_up_tokenization_spaces": False,
         "eos_token": EOS_TOKEN,
         "errors": "replace",
@@ -298,6 +364,7 @@ def make_tiny_checkpoint(
     quant_overrides: Optional[dict] = None,
     max_shard_bytes: Optional[int] = None,
     overwrite: bool = True,
+    template: str = "chatml",
 ) -> Path:
     """Write a random-weight Qwythos-layout checkpoint into ``out_dir`` and return its path.
 
@@ -312,6 +379,8 @@ def make_tiny_checkpoint(
     ``quant_overrides`` (``{"lm_head": 8, "embed_tokens": 8}``: module-path suffix -> bits)
     gives those trunk modules their own bits, recorded per path in ``quantization`` the way
     mlx-lm's mixed-precision recipes (and OptiQ) write it.
+    ``template="qwen3_5"`` writes a Qwen3.5-style chat template (tools, tool calls, a
+    ``<think>`` block opened by the generation prompt, ``enable_thinking``) and its added tokens.
     ``max_shard_bytes`` splits the trunk into ``model-0000N-of-0000M.safetensors``.
     """
     import mlx.core as mx
@@ -377,7 +446,9 @@ def make_tiny_checkpoint(
     }
 
     # --- tokenizer (fixes the special ids) -------------------------------------------
-    special_ids = _write_tokenizer(out, vocab_size, max_position_embeddings)
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {sorted(TEMPLATES)}")
+    special_ids = _write_tokenizer(out, vocab_size, max_position_embeddings, template)
     eos_id = special_ids[EOS_TOKEN]
     text_config["eos_token_id"] = eos_id
     text_config["pad_token_id"] = special_ids[PAD_TOKEN]
@@ -387,7 +458,7 @@ def make_tiny_checkpoint(
         {"model_type": "qwen3_5", "text_config": json.loads(json.dumps(text_config))})
     model = qwen3_5.Model(args)
     params = dict(tree_flatten(model.parameters()))
-    n_special = len(SPECIAL_TOKENS)
+    n_special = len(SPECIAL_TOKENS) + (len(QWEN35_TOKENS) if template == "qwen3_5" else 0)
     frequent_ids = np.array([], dtype=np.int64)
     if frequent_tokens > 0:
         # Ordinary BPE ids (not bytes-only, not specials/fillers) become "frequent".
@@ -646,6 +717,8 @@ def main(argv=None) -> int:
     p.add_argument("--key-prefix", choices=["", "language_model."], default="")
     p.add_argument("--sidecar-path", default=DEFAULT_SIDECAR)
     p.add_argument("--sidecar-keys", choices=SIDECAR_KEY_MODES, default="both")
+    p.add_argument("--template", choices=sorted(TEMPLATES), default="chatml",
+                   help="chat template: ChatML, or Qwen3.5-style with tools and thinking")
     a = vars(p.parse_args(argv))
     out = a.pop("out")
     a["quant_overrides"] = {k: int(v) for k, v in
