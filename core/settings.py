@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     port: int = Field(7860, ge=0, le=65535)
     lan: bool = False
     auth: Optional[str] = Field(None, description="USER:PASS required to open the app")
+    api_key: Optional[str] = Field(None, description="bearer key required on the OpenAI-compatible API (/v1)")
     blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
 
     @field_validator("depth", mode="before")

@@ -33,17 +33,18 @@ def make_host(model_dir: Path, **overrides):
 
 
 @contextmanager
-def served(host, auth=None):
-    """Launch the real app (theme, CSS, queue) on a free port; yields its URL."""
+def served(host, auth=None, api_key=None, **kw):
+    """Serve the real app (UI and API on one port, webapp/server.py) on a free port of
+    127.0.0.1; yields (its URL, the Blocks). ``demo.running`` is the running server."""
     from webapp.app import build_app, launch
 
     demo = build_app(host, runtime="test runtime")
-    port = free_port()
-    launch(demo, host="127.0.0.1", port=port, auth=auth, prevent_thread_lock=True, quiet=True)
+    running = launch(demo, host, host="127.0.0.1", port=0, auth=auth, api_key=api_key, **kw)
+    demo.running = running
     try:
-        yield f"http://127.0.0.1:{port}", demo
+        yield running.url, demo
     finally:
-        demo.close()
+        running.stop()
 
 
 def screenshot_dir() -> Path:

@@ -167,10 +167,20 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
     return demo
 
 
-def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
-           prevent_thread_lock: bool = False, quiet: bool = False):
-    """Launch with the app's theme and CSS (Gradio 6 takes them in launch())."""
-    return demo.launch(server_name=host, server_port=port, auth=auth, share=False, show_error=True,
-                       prevent_thread_lock=prevent_thread_lock, quiet=quiet, ssr_mode=False,
-                       theme=THEME, css=CSS, footer_links=["api", "settings"], inbrowser=False,
-                       auth_message="mtp-chat: sign in with the user and password the host gave you.")
+AUTH_MESSAGE = "mtp-chat: sign in with the user and password the host gave you."
+
+
+def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
+           api_key=None, log=lambda line: None, keepalive=None):
+    """Serve the UI and the OpenAI-compatible API on one port (webapp/server.py); returns
+    the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
+    from .api import ApiConfig, model_id_of
+    from .server import RunningServer, api_policy, build_server
+
+    enabled, why_not = api_policy(host, auth, api_key)
+    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log)
+    if keepalive is not None:
+        api.keepalive = keepalive
+    running = RunningServer(build_server(model_host, demo, auth=auth, api=api), host, port).start()
+    running.api = api
+    return running

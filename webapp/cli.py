@@ -28,6 +28,9 @@ def build_parser(defaults) -> argparse.ArgumentParser:
                    help="listen on all interfaces and print the LAN URLs to open from other devices")
     p.add_argument("--auth", default=defaults.auth, metavar="USER:PASS",
                    help="require this user and password to open the app (default: $MTP_CHAT_AUTH)")
+    p.add_argument("--api-key", default=defaults.api_key, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on the OpenAI-compatible API (/v1); needed to "
+                        "keep the API on with --lan or --auth (default: $MTP_CHAT_API_KEY)")
     p.add_argument("--depth", default=str(defaults.depth),
                    help="default MTP draft depth: 1..%d or 'auto' (default %%(default)s)" % defaults.max_depth)
     p.add_argument("--share", action="store_true", help="(not available offline; explains why)")
@@ -51,6 +54,10 @@ def urls(host: str, port: int, lan: bool) -> Tuple[str, List[str]]:
     return local, (lan_urls(port) if lan or host in ("0.0.0.0", "") else [])
 
 
+def say(message: str) -> None:
+    print(f"mtp-chat: {message}", flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import adapters  # noqa: F401  - first: loads a fast BLAS ($MTP_CHAT_BLAS) before mlx is imported
     from core.settings import get_settings
@@ -63,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser(base).parse_args(argv)
     try:
         settings = get_settings(model=args.model, host=args.host, port=args.port, lan=args.lan,
-                                auth=args.auth, depth=args.depth)
+                                auth=args.auth, depth=args.depth, api_key=args.api_key or None)
         auth = parse_auth(settings.auth)
     except Exception as exc:
         print(f"mtp-chat: {exc}", file=sys.stderr)
@@ -79,6 +86,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from .model import ModelHost, describe_runtime
     from .params import parse_params
+    from .server import Shutdown
+
+    shutdown = Shutdown(log=say).install()   # from here on Ctrl+C / SIGTERM exit 0, never abort
 
     runtime = describe_runtime()
     print(f"mtp-chat: {runtime}", flush=True)
@@ -98,28 +108,28 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     demo = build_app(host_model, runtime=runtime)
     try:
-        _, local_url, _ = launch(demo, host=host, port=settings.port, auth=auth,
-                                 prevent_thread_lock=True, quiet=True)
+        running = launch(demo, host_model, host=host, port=settings.port, auth=auth, api_key=settings.api_key,
+                         log=say)
     except OSError as exc:
         print(f"mtp-chat: cannot listen on {host}:{settings.port}: {exc}. Try --port.", file=sys.stderr)
         return 1
-    port = demo.server_port or settings.port
-    local, lan = urls(host, port, settings.lan)
-    print(f"mtp-chat: open {local}", flush=True)
+    local, lan = urls(host, running.port, settings.lan)
+    say(f"open {local}")
     for u in lan:
-        print(f"mtp-chat: on your network: {u}", flush=True)
+        say(f"on your network: {u}")
     if host == "0.0.0.0" and not lan:
-        print("mtp-chat: listening on all interfaces, but no LAN address was found", flush=True)
+        say("listening on all interfaces, but no LAN address was found")
     if host not in ("127.0.0.1", "localhost", "::1") and auth is None:
         print("mtp-chat: WARNING: serving on the network without a password: anyone who can reach "
               "this machine can use the app. Add --auth USER:PASS.", file=sys.stderr, flush=True)
     if auth:
-        print(f"mtp-chat: sign-in required (user '{auth[0]}')", flush=True)
-    print("mtp-chat: press Ctrl+C to stop", flush=True)
-    try:
-        demo.block_thread()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        demo.close()
+        say(f"sign-in required (user '{auth[0]}')")
+    api = running.api
+    if not api.enabled:
+        say(f"OpenAI-compatible API: off: {api.off_reason}")
+    else:
+        say(f"OpenAI-compatible API: {local}/v1 (model '{api.model_id}', "
+            + ("key required: Authorization: Bearer KEY)" if api.api_key else "open on this machine, no key)"))
+    say("press Ctrl+C to stop")
+    shutdown.serve(demo.stops)   # never returns: exits 0 after stopping every decode
     return 0

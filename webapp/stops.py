@@ -24,6 +24,7 @@ class StopRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._current: Dict[str, _Entry] = {}
+        self.closing: Optional[str] = None    # why everything was stopped (shutdown), once it was
 
     def arm(self, session: Optional[str]) -> threading.Event:
         with self._lock:
@@ -39,6 +40,8 @@ class StopRegistry:
                 entry = _Entry()
                 self._current[key] = entry
             entry.claimed = True
+            if self.closing:
+                entry.event.set()
             return entry.event
 
     def stop(self, session: Optional[str]) -> bool:
@@ -58,6 +61,15 @@ class StopRegistry:
             for e in hits:
                 e.event.set()
             return len(hits)
+
+    def stop_all(self, reason: str) -> int:
+        """Set every stop event, now and for requests that start later (shutdown);
+        returns how many requests were running."""
+        with self._lock:
+            self.closing = reason
+            for e in self._current.values():
+                e.event.set()
+            return sum(1 for e in self._current.values() if e.claimed)
 
     def release(self, session: Optional[str], event: threading.Event) -> None:
         with self._lock:

@@ -1,0 +1,117 @@
+"""The JSON objects of OpenAI replies (chat and legacy completions, whole and streamed).
+
+One reply keeps one ``id`` and ``created`` on every chunk. Extension: ``mtp`` carries the
+engine's figures (tokens/s, acceptance, accepted / proposed, depth, time to first token).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+from .api_text import Delta, join
+from .toolcalls import ToolCall
+
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def finish_reason(engine_reason: Optional[str], stop_sequence: bool, calls: Sequence[ToolCall]) -> str:
+    if calls:
+        return "tool_calls"
+    if engine_reason == "max_tokens" and not stop_sequence:
+        return "length"
+    return "stop"          # end of turn, a stop sequence, or a decode cut short
+
+
+def usage(prompt_tokens: int, stats: Optional[dict]) -> dict:
+    s = stats or {}
+    completion = int(s.get("generated_tokens", 0))
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": int(s.get("cached_tokens") or 0)}}
+
+
+def figures(mode: str, depth, stats: Optional[dict]) -> dict:
+    """The ``mtp`` extension object."""
+    s = stats or {}
+    speculative = mode == "mtp" and bool(s.get("proposed"))
+
+    def r(key, nd=4):
+        v = s.get(key)
+        return round(float(v), nd) if isinstance(v, (int, float)) else None
+
+    return {"mode": mode, "depth": depth, "depth_used": s.get("depth"),
+            "tokens_per_second": r("tokens_per_second", 2),
+            "acceptance": r("acceptance_rate") if speculative else None,
+            "accepted": int(s.get("accepted", 0)), "proposed": int(s.get("proposed", 0)),
+            "acceptance_per_depth": [round(a, 4) for a in s.get("acceptance_per_depth") or []],
+            "tokens_per_cycle": r("tokens_per_cycle", 3), "cycles": int(s.get("cycles", 0)),
+            "ttft": r("time_to_first_token"), "prefill_seconds": r("prefill_seconds"),
+            "cached_tokens": int(s.get("cached_tokens") or 0), "prefilled_tokens": s.get("prefilled_tokens")}
+
+
+@dataclass
+class Reply:
+    """The fixed parts of one reply; ``kind`` is "chat" or "text" (legacy completions)."""
+
+    kind: str
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        if not self.id:
+            self.id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + secrets.token_hex(12)
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # --- streamed ---------------------------------------------------------------------
+    def chunk(self, choice_part: dict, finish: Optional[str] = None, **extra) -> dict:
+        head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        choice = {"index": 0, **choice_part, "logprobs": None, "finish_reason": finish}
+        return {**head, "choices": [choice], **extra}
+
+    def role_chunk(self) -> dict:
+        return self.chunk({"delta": {"role": "assistant"}})
+
+    def delta_chunk(self, delta: Delta) -> dict:
+        kind, text = delta
+        if self.kind == "text":
+            return self.chunk({"text": text})
+        return self.chunk({"delta": {"reasoning_content" if kind == "reasoning" else "content": text}})
+
+    def calls_chunk(self, calls: Sequence[ToolCall]) -> dict:
+        return self.chunk({"delta": {"tool_calls": [c.as_openai(i) for i, c in enumerate(calls)]}})
+
+    def finish_chunk(self, finish: str, mtp: dict) -> dict:
+        return self.chunk({"delta": {}} if self.kind == "chat" else {"text": ""}, finish, mtp=mtp)
+
+    def usage_chunk(self, use: dict, mtp: dict) -> dict:
+        head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        return {**head, "choices": [], "usage": use, "mtp": mtp}
+
+    # --- whole --------------------------------------------------------------------------
+    def whole(self, deltas: List[Delta], calls: Sequence[ToolCall], finish: str, use: dict, mtp: dict) -> dict:
+        content, reasoning = join(deltas)
+        if self.kind == "text":
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+        else:
+            message = {"role": "assistant", "content": content if (content or not calls) else None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = [c.as_openai() for c in calls]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {**self._head(self.object), "choices": [choice], "usage": use, "mtp": mtp}

@@ -1,0 +1,355 @@
+"""OpenAI request bodies -> a validated :class:`ApiRequest`, or an :class:`ApiError` saying why not.
+
+JSON types are checked here; the sampler's ranges are checked in one place for the UI and
+the API (``webapp.params.parse_params``). A field this server does not know is refused
+rather than silently ignored (it could change what the client expects), except a few that
+only label a request (``user``, ``metadata``, ...). Fields that exist in the protocol but
+that the engine cannot honour (``n > 1``, penalties, logprobs, JSON mode) are accepted only
+at their neutral value.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from .api_errors import ApiError, bad_request
+from .params import ParamError, RunParams, parse_params
+
+MAX_STOPS = 8
+MAX_STOP_CHARS = 512
+MAX_TOOLS = 128
+MAX_MESSAGES = 4096
+MODES = ("mtp", "ar")
+
+# Labels and hints that do not change the reply.
+IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+           "parallel_tool_calls"}
+# Protocol fields accepted only at the value that leaves the reply unchanged.
+NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
+           "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+           "echo": (None, False), "suffix": (None, ""), "reasoning_effort": (None,)}
+WHY_NOT = {
+    "n": "this server returns one choice per request: send n=1 (or leave it out) and repeat the request",
+    "best_of": "best_of is not supported: send best_of=1 (or leave it out)",
+    "frequency_penalty": "penalties are not supported (they would change the sampled distribution)",
+    "presence_penalty": "penalties are not supported (they would change the sampled distribution)",
+    "logprobs": "logprobs are not returned by this server",
+    "top_logprobs": "logprobs are not returned by this server",
+    "logit_bias": "logit_bias is not supported",
+    "echo": "echo is not supported",
+    "suffix": "suffix (fill-in-the-middle) is not supported",
+    "reasoning_effort": "reasoning_effort is not supported; use enable_thinking (true/false)",
+}
+SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens",
+            "mode", "depth", "stop", "stream", "stream_options", "model"}
+CHAT_FIELDS = SAMPLING | {"messages", "tools", "tool_choice", "response_format", "enable_thinking",
+                          "chat_template_kwargs"}
+COMPLETION_FIELDS = SAMPLING | {"prompt"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class ApiRequest:
+    params: RunParams
+    mode: str = "mtp"
+    stream: bool = False
+    include_usage: bool = False
+    stops: Tuple[str, ...] = ()
+    model: Optional[str] = None
+    messages: Optional[List[dict]] = None        # chat: template-ready messages
+    tools: Optional[List[dict]] = None
+    enable_thinking: Optional[bool] = None
+    prompt: Optional[str] = None                 # completions: the text to continue
+    extensions: dict = field(default_factory=dict)
+
+
+def loads(raw: bytes) -> dict:
+    """The body as a JSON object; NaN/Infinity, bad UTF-8 and absurd nesting are 400s."""
+    def no_constants(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+    except UnicodeDecodeError:
+        raise bad_request("The body is not valid UTF-8.", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("The body is nested too deeply.", code="invalid_json") from None
+    except ValueError as exc:
+        raise bad_request(f"The body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def clean_text(s: str) -> str:
+    """Lone surrogates (valid JSON escapes, invalid text) -> U+FFFD."""
+    return _SURROGATES.sub("\ufffd", s)
+
+
+# --- typed field readers --------------------------------------------------------------
+def _number(body: dict, key: str) -> Optional[float]:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{key}' must be a number, got {json.dumps(v)[:40]}.", key)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise bad_request(f"'{key}' must be a finite number.", key)
+    return v
+
+
+def _integer(body: dict, key: str) -> Optional[int]:
+    v = _number(body, key)
+    if v is None:
+        return None
+    if v != int(v):
+        raise bad_request(f"'{key}' must be a whole number, got {v!r}.", key)
+    return int(v)
+
+
+def _bool(body: dict, key: str) -> Optional[bool]:
+    v = body.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise bad_request(f"'{key}' must be true or false.", key)
+    return v
+
+
+def _string(v: Any, what: str, param: str) -> str:
+    if not isinstance(v, str):
+        raise bad_request(f"{what} must be a string.", param)
+    return clean_text(v)
+
+
+# --- the whole body ----------------------------------------------------------------
+def check_fields(body: dict, allowed: set) -> None:
+    for key, value in body.items():
+        if key in IGNORED:
+            continue
+        if key in NEUTRAL:
+            if value not in NEUTRAL[key]:
+                raise bad_request(f"'{key}'={json.dumps(value)[:40]} is not supported: {WHY_NOT[key]}.", key,
+                                  code="unsupported_parameter")
+            continue
+        if key not in allowed:
+            raise bad_request(f"Unknown field '{key}': this server does not support it, and ignoring it could "
+                              f"change what you expect. Remove it.", key, code="unknown_parameter")
+
+
+def parse_sampling(body: dict, settings, max_depth: int, max_tokens_default: int) -> Tuple[RunParams, str]:
+    temperature = _number(body, "temperature")
+    top_p = _number(body, "top_p")
+    top_k = _integer(body, "top_k")
+    min_p = _number(body, "min_p")
+    seed = _integer(body, "seed")
+    max_tokens = _integer(body, "max_completion_tokens")      # wins over max_tokens
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens")
+    depth = body.get("depth")
+    if depth is not None and not (isinstance(depth, str) or (isinstance(depth, int) and not isinstance(depth, bool))):
+        raise bad_request(f"'depth' must be 1..{max_depth} or \"auto\".", "depth")
+    mode = body.get("mode", "mtp")
+    if mode not in MODES:
+        raise bad_request("'mode' must be \"mtp\" (speculative) or \"ar\" (plain decoding).", "mode")
+    if seed is None:
+        import secrets
+        seed = secrets.randbits(62)     # as OpenAI: no seed, no promise of the same reply
+    try:
+        params = parse_params(settings.temperature if temperature is None else temperature,
+                              settings.top_p if top_p is None else top_p,
+                              settings.top_k if top_k is None else top_k,
+                              settings.min_p if min_p is None else min_p,
+                              max_tokens_default if max_tokens is None else max_tokens,
+                              seed, settings.depth if depth is None else depth, max_depth=max_depth)
+    except ParamError as exc:
+        raise bad_request(str(exc), _param_of(str(exc))) from None
+    return params, mode
+
+
+def _param_of(message: str) -> Optional[str]:
+    for prefix, name in (("Temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                         ("min_p", "min_p"), ("Max tokens", "max_tokens"), ("Seed", "seed"),
+                         ("Draft depth", "depth")):
+        if message.startswith(prefix):
+            return name
+    return None
+
+
+def parse_stops(body: dict) -> Tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' must be a string or a list of at most {MAX_STOPS} strings.", "stop")
+    out = []
+    for s in stops:
+        s = _string(s, "Each stop sequence", "stop")
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise bad_request(f"Each stop sequence must have 1..{MAX_STOP_CHARS} characters.", "stop")
+        out.append(s)
+    return tuple(out)
+
+
+def parse_stream(body: dict) -> Tuple[bool, bool]:
+    stream = bool(_bool(body, "stream"))
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not isinstance(opts, dict):
+        raise bad_request("'stream_options' must be an object.", "stream_options")
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with \"stream\": true.", "stream_options")
+    for key in opts:
+        if key not in ("include_usage", "include_obfuscation"):
+            raise bad_request(f"Unknown stream option '{key}' (supported: include_usage).", "stream_options")
+    return stream, bool(_bool(opts, "include_usage"))
+
+
+def parse_common(body: dict, allowed: set, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+    check_fields(body, allowed)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string.", "model")
+    params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
+    stream, include_usage = parse_stream(body)
+    ext = {"mode": mode, "depth": params.depth}
+    return ApiRequest(params=params, mode=mode, stream=stream, include_usage=include_usage,
+                      stops=parse_stops(body), model=model, extensions=ext)
+
+
+# --- chat completions --------------------------------------------------------------------
+def _content(v: Any, i: int, role: str) -> str:
+    where = f"messages[{i}].content"
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return clean_text(v)
+    if not isinstance(v, list):
+        raise bad_request(f"{where} must be a string or a list of text parts.", where)
+    out = []
+    for j, part in enumerate(v):
+        if not isinstance(part, dict):
+            raise bad_request(f"{where}[{j}] must be an object like {{\"type\": \"text\", \"text\": ...}}.", where)
+        kind = part.get("type")
+        if kind != "text":
+            raise bad_request(f"{where}[{j}] has type {json.dumps(kind)[:30]}: this model reads text only "
+                              f"(parts of type \"text\").", where, code="unsupported_content")
+        out.append(_string(part.get("text"), f"{where}[{j}].text", where))
+    return "".join(out)
+
+
+def _tool_calls(v: Any, i: int) -> List[dict]:
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(v, list):
+        raise bad_request(f"{where} must be a list.", where)
+    out = []
+    for call in v:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}: each call needs function.name and function.arguments.", where)
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                pass                        # the template writes a string as it is
+        out.append({"type": "function", "id": str(call.get("id", "")),
+                    "function": {"name": clean_text(fn["name"]), "arguments": args}})
+    return out
+
+
+def parse_messages(v: Any) -> List[dict]:
+    if not isinstance(v, list) or not v:
+        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
+    if len(v) > MAX_MESSAGES:
+        raise ApiError(413, f"Too many messages ({len(v)}; at most {MAX_MESSAGES}).", param="messages",
+                       code="context_length_exceeded")
+    out = []
+    for i, m in enumerate(v):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object.", "messages")
+        role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
+        if role is None:
+            raise bad_request(f"messages[{i}].role must be one of system, developer, user, assistant, tool; "
+                              f"got {json.dumps(m.get('role'))[:30]}.", "messages")
+        msg = {"role": role, "content": _content(m.get("content"), i, role)}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = clean_text(m["reasoning_content"])
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def parse_tools(body: dict) -> Optional[List[dict]]:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise bad_request("'tool_choice' must be \"auto\" or \"none\": this server cannot force a tool call.",
+                          "tool_choice", code="unsupported_parameter")
+    if tools is None or tools == [] or choice == "none":
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} function tools.", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                              f"\"parameters\": {{...}}}}}}.", "tools")
+        params = fn.get("parameters", {})
+        if not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object.", "tools")
+        desc = fn.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise bad_request(f"tools[{i}].function.description must be a string.", "tools")
+        clean = {"name": clean_text(fn["name"]), "parameters": params}
+        if desc:
+            clean["description"] = clean_text(desc)
+        out.append({"type": "function", "function": clean})
+    return out
+
+
+def parse_thinking(body: dict) -> Optional[bool]:
+    thinking = _bool(body, "enable_thinking")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
+            raise bad_request("'chat_template_kwargs' may only hold enable_thinking (true/false).",
+                              "chat_template_kwargs")
+        if thinking is None:
+            thinking = _bool(kwargs, "enable_thinking")
+    return thinking
+
+
+def parse_response_format(body: dict) -> None:
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported (no JSON mode).",
+                          "response_format", code="unsupported_parameter")
+
+
+def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+    req = parse_common(body, CHAT_FIELDS, settings, max_depth, max_tokens_default)
+    parse_response_format(body)
+    req.messages = parse_messages(body.get("messages"))
+    req.tools = parse_tools(body)
+    req.enable_thinking = parse_thinking(body)
+    return req
+
+
+# --- legacy completions ---------------------------------------------------------------------
+def parse_completion(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+    req = parse_common(body, COMPLETION_FIELDS, settings, max_depth, max_tokens_default)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]                     # one prompt in a list
+    if not isinstance(prompt, str) or not prompt:
+        raise bad_request("'prompt' must be a non-empty string (one prompt per request).", "prompt")
+    req.prompt = clean_text(prompt)
+    return req
