@@ -18,7 +18,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 from mlx_lm.models.qwen3_5 import TextModelArgs
 
-from . import cpu_decode, sidecar
+from . import cpu_decode, gpu_decode, sidecar
 from .checkpoint import text_config
 from .contract import MTPContract
 from .cpu_layout import to_row_major
@@ -67,6 +67,8 @@ class Qwen35Adapter:
             and os.environ.get("MTP_CHAT_COMPILED", "1") != "0"
             else None
         )
+        # Few-token forwards on a GPU: the custom kernels where they apply (see gpu_decode).
+        self._gpu = gpu_decode.attach(model, head) if compute_dtype != "float32" else None
 
     def _few_tokens(self, shape) -> bool:
         """One sequence of at most cpu_decode.MAX_TOKENS positions, and the compiled path is on."""
@@ -80,6 +82,7 @@ class Qwen35Adapter:
         return KVCache()
 
     # -- trunk ----------------------------------------------------------------------------
+    @gpu_decode.kernels_on
     def lm_head(self, x: mx.array) -> mx.array:
         if self._head_t is not None:
             return x @ self._head_t
@@ -87,13 +90,18 @@ class Qwen35Adapter:
             return self.inner.embed_tokens.as_linear(x)
         return self.model.language_model.lm_head(x)
 
+    @gpu_decode.kernels_on
     def forward(
-        self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False
+        self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False,
+        fast: bool = True,
     ) -> Tuple[mx.array, mx.array, Optional[Captured]]:
-        """tokens [1, T] -> logits [1, T or 1, V], hidden [1, T, H] (the contract's variant)."""
+        """tokens [1, T] -> logits [1, T or 1, V], hidden [1, T, H] (the contract's variant).
+
+        fast=False keeps mlx-lm's modules even for a few tokens: prefill does, so that a prompt
+        gives the same state however it is split into chunks (prefix cache or not)."""
         inner = self.inner
         h = inner.embed_tokens(tokens)
-        if self._few_tokens(tokens.shape):
+        if fast and self._few_tokens(tokens.shape):
             h, post, gdn = self._fast.trunk(h.reshape(h.shape[1:]), cache, capture)
             logits = self.lm_head(post if all_logits else post[-1:])[None]
             captured = Captured(width=tokens.shape[1], gdn=gdn) if capture else None
@@ -101,9 +109,14 @@ class Qwen35Adapter:
         fa_mask = create_attention_mask(h, cache[inner.fa_idx])
         ssm_mask = create_ssm_mask(h, cache[inner.ssm_idx])
         captured = Captured(width=tokens.shape[1]) if capture else None
+        # On a GPU with the kernels on, decode steps take the capturing path too: one kernel for
+        # the recurrence, the same numerics as a verify.
+        steps = capture or (fast and self._gpu is not None and tokens.shape[1] <= gpu_decode.gpu_kernels.GDN_MAX_T)
         for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-            if capture and layer.is_linear:
-                r, captured.gdn[i] = _gdn_capturing(layer.linear_attn, layer.input_layernorm(h), ssm_mask, c)
+            if steps and layer.is_linear:
+                r, kept = _gdn_capturing(layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, self._gpu)
+                if capture:
+                    captured.gdn[i] = kept
                 h = h + r
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             else:
@@ -127,13 +140,14 @@ class Qwen35Adapter:
                 c.trim(drop)
 
     # -- MTP head -------------------------------------------------------------------------
-    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache) -> mx.array:
+    @gpu_decode.kernels_on
+    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True) -> mx.array:
         """hidden [1, T, H] at positions n, next_tokens [1, T] = t[n+1] -> g [1, T, H].
 
         lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden.
         """
         embedding = self.inner.embed_tokens(next_tokens)
-        if self._few_tokens(hidden.shape):
+        if fast and self._few_tokens(hidden.shape):
             return self._fast.head(hidden.reshape(hidden.shape[1:]), embedding.reshape(embedding.shape[1:]), mtp_cache)[None]
         return self.head(hidden, embedding, mtp_cache)
 
@@ -151,7 +165,7 @@ class Qwen35Adapter:
         )
 
 
-def _gdn_capturing(attn, x: mx.array, mask, cache):
+def _gdn_capturing(attn, x: mx.array, mask, cache, gpu=None):
     """mlx-lm's GatedDeltaNet.__call__, run one position at a time to keep every state.
 
     gated_delta_update only returns the final state; stepping it per position gives the
@@ -184,7 +198,11 @@ def _gdn_capturing(attn, x: mx.array, mask, cache):
     state = cache[1]
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    if mask is None and not _use_kernel(attn, k):
+    if gpu is not None and gpu.gdn_ok(q, v, state, mask):
+        # One launch for all S positions, a separate fp32 buffer per state (see gpu_kernels).
+        y, states = gpu.gdn(q, k, v, g, beta, state)
+        outs, state = [y], states[-1]
+    elif mask is None and not _use_kernel(attn, k):
         # One compiled graph for all verified positions instead of S separate steps.
         rep = attn.num_v_heads // attn.num_k_heads
         if rep > 1:

@@ -1,14 +1,19 @@
 """The decoding engine: an exact MTP speculative lane and a matching autoregressive lane."""
 from .acceptance import residual, verify_drafts
-from .chat import chat_prompt_ids
+from .chat import chat_prompt, chat_prompt_ids, padded_chat_prompt
+from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
+from .prefix_cache import PrefixCache
+from .reasoning import ThinkSplitter, opens_thinking, split_reply
 from .costs import Costs, DepthPolicy, measure_costs, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .sampling import NonFiniteLogitsError, SamplerConfig
 from .stats import GenerationStats
-from .stream import StreamEvent, synchronize
+from .stream import Prompt, StreamEvent, synchronize
 
 __all__ = [
     "AutoregressiveDecoder", "SpeculativeDecoder", "SamplerConfig", "GenerationStats", "StreamEvent",
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
-    "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize",
+    "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache",
+    "chat_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
+    "context_window", "ThinkSplitter", "opens_thinking", "split_reply",
 ]

@@ -1,7 +1,22 @@
-"""Chat messages -> prompt ids through the checkpoint's own chat template (the one place)."""
+"""Chat messages -> prompt ids through the checkpoint's own chat template (the one place).
+
+`chat_prompt` also marks the positions a prefix-cache snapshot pays at: the end of the system
+prompt and the end of the history just before the generation prompt, which is what the next
+turn shares (reasoning templates drop earlier turns' thinking when the history is re-rendered,
+so the state after a reply is of no use to the next turn).
+"""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Sequence
+
+from .stream import Prompt
+
+ROLES = ("system", "user", "assistant", "tool")
+PASSED_THROUGH = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+# Natural text for padding a prompt to a given context (benchmarks and the cost model).
+FILLER = ("The harbor was quiet in the early morning. Boats rocked at their moorings, gulls "
+          "circled over the water, and the old lighthouse keeper walked along the pier, counting "
+          "the ships that had come in during the night. ")
 
 
 def _flatten(content) -> str:
@@ -15,19 +30,66 @@ def _flatten(content) -> str:
     return "" if content is None else str(content)
 
 
-def chat_prompt_ids(adapter, messages: List[dict], add_generation_prompt: bool = True) -> List[int]:
-    msgs = [{"role": m["role"], "content": _flatten(m.get("content"))} for m in messages]
+def normalize_messages(messages: Sequence[dict]) -> List[dict]:
+    msgs = []
+    for m in messages:
+        if m.get("role") not in ROLES:
+            raise ValueError(f"unknown chat role '{m.get('role')}': use one of {', '.join(ROLES)}")
+        msg = {"role": m["role"], "content": _flatten(m.get("content"))}
+        msg.update({k: m[k] for k in PASSED_THROUGH if m.get(k) is not None})
+        msgs.append(msg)
     if not msgs:
         raise ValueError("no messages: the conversation is empty")
-    for m in msgs:
-        if m["role"] not in ("system", "user", "assistant"):
-            raise ValueError(f"unknown chat role '{m['role']}'")
+    return msgs
+
+
+def render(adapter, msgs: List[dict], *, add_generation_prompt: bool = True, tools=None,
+           enable_thinking: Optional[bool] = None) -> List[int]:
     tok = adapter.tokenizer
     if getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=True)
+        kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        if tools:
+            kwargs["tools"] = tools
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
         if isinstance(ids, dict):  # some transformers versions return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
     # No template: a plain transcript, so base models still get a sensible prompt.
     text = "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + ("assistant: " if add_generation_prompt else "")
     return tok.encode(text)
+
+
+def chat_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> Prompt:
+    """The prompt for the assistant's next reply, with its snapshot marks."""
+    msgs = normalize_messages(messages)
+    ids = render(adapter, msgs, tools=tools, enable_thinking=enable_thinking)
+    marks = []
+    parts = ([msgs[:1]] if msgs[0]["role"] == "system" and len(msgs) > 1 else []) + [msgs]
+    for part in parts:
+        head = render(adapter, part, add_generation_prompt=False, tools=tools, enable_thinking=enable_thinking)
+        if 0 < len(head) < len(ids) and ids[: len(head)] == head:
+            marks.append(len(head))
+    return Prompt(tuple(ids), tuple(sorted(set(marks))))
+
+
+def chat_prompt_ids(adapter, messages: List[dict], add_generation_prompt: bool = True) -> List[int]:
+    if add_generation_prompt:
+        return list(chat_prompt(adapter, messages).ids)
+    return render(adapter, normalize_messages(messages), add_generation_prompt=False)
+
+
+def padded_chat_prompt(adapter, message: str, context: int) -> List[int]:
+    """A one-message chat prompt of about `context` tokens: `message` after filler text."""
+    ids = chat_prompt_ids(adapter, [{"role": "user", "content": message}])
+    if context <= len(ids):
+        return ids
+    filler = adapter.tokenizer.encode(FILLER * (1 + 2 * context // max(1, len(adapter.tokenizer.encode(FILLER)))))
+    lo, hi = 0, context
+    while lo < hi:  # the longest filler that keeps the prompt within `context` tokens
+        mid = (lo + hi + 1) // 2
+        text = adapter.tokenizer.decode(filler[:mid]) + "\n\n" + message
+        if len(chat_prompt_ids(adapter, [{"role": "user", "content": text}])) <= context:
+            lo = mid
+        else:
+            hi = mid - 1
+    return chat_prompt_ids(adapter, [{"role": "user", "content": adapter.tokenizer.decode(filler[:lo]) + "\n\n" + message}])

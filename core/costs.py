@@ -11,6 +11,7 @@ host's bookkeeping add ~0.2-0.4 AR steps that the parts miss.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import weakref
@@ -57,21 +58,37 @@ def predicted_speedup(costs: Costs, acceptance: List[float], depth: int) -> floa
     return expected_tokens(acceptance, depth) / costs.cycle(depth)
 
 
+def context_bucket(context: int) -> int:
+    """Contexts are measured at 64 * 4^k tokens, the one nearest in log scale: what a cycle
+    costs grows with the context (attention over it), slowly enough for buckets this wide."""
+    k = max(0, round(math.log(max(context, 64) / 64, 4)))
+    return 64 * 4**k
+
+
+def cached_costs(adapter, context: int = 64) -> Optional[Costs]:
+    """The measured costs of the bucket nearest to `context`, if any was measured."""
+    by_bucket = _CACHE.get(adapter) or {}
+    if not by_bucket:
+        return None
+    want = context_bucket(context)
+    return by_bucket[min(by_bucket, key=lambda b: abs(math.log(b / want)))]
+
+
 def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int = 7) -> Costs:
-    """Time the decode-time operations on a warm cache (once per adapter, then cached)."""
-    cached = _CACHE.get(adapter)
+    """Time the decode-time operations on a warm cache at this context's bucket (once per
+    adapter and bucket, then cached)."""
+    bucket = context_bucket(context)
+    cached = (_CACHE.get(adapter) or {}).get(bucket)
     if cached is not None and max(cached.verify) >= max_width:
         return cached
     from .sampling import SamplerConfig
+    from .stream import Prompt, prefill
 
     sampler = SamplerConfig()
     V = adapter.contract.vocab_size
-    tokens = mx.random.randint(0, V, (1, context), key=mx.random.key(0)).astype(mx.int32)
-    cache = adapter.make_cache()
-    _, hidden, _ = adapter.forward(tokens, cache, all_logits=False)
-    mtp_cache = adapter.make_mtp_cache()
-    g = adapter.mtp_forward(hidden[:, :-1], tokens[:, 1:], mtp_cache)
-    mx.eval(hidden, g, [c.state for c in cache], mtp_cache.state)
+    tokens = mx.random.randint(0, V, (1, bucket), key=mx.random.key(0)).astype(mx.int32)
+    cache, mtp_cache = adapter.make_cache(), adapter.make_mtp_cache()
+    hidden = prefill(adapter, Prompt(tuple(tokens[0].tolist())), cache, mtp_cache).hidden
 
     def timed(fn) -> float:
         runs = []
@@ -102,26 +119,31 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
         ar_step_seconds=base,
         verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
         mtp_step=timed(mtp_step) / base,
-        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1),
+        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1, context=bucket),
     )
-    _CACHE[adapter] = costs
+    _CACHE.setdefault(adapter, {})[bucket] = costs
     return costs
 
 
-def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: int = 3) -> Dict[int, float]:
+def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: int = 3,
+                   context: int = 64) -> Dict[int, float]:
     """Seconds per cycle at depths 1..max_depth over seconds per token of the AR lane, each
     the median of `rounds` runs of `steps` cycles (tokens) through the lanes' own loops.
 
-    On a chat prompt, so that drafts are accepted about as often as in use: a rejected cycle
-    and an accepted one do not cost the same."""
-    from .chat import chat_prompt_ids
+    On a chat prompt (padded to `context` tokens), so that drafts are accepted about as often
+    as in use: a rejected cycle and an accepted one do not cost the same."""
+    from .chat import padded_chat_prompt
     from .decoders import AutoregressiveDecoder, SpeculativeDecoder
     from .stats import GenerationStats
+    from .prefix_cache import PrefixCache
+    from .stream import Prompt
 
-    prompt = mx.array(chat_prompt_ids(adapter, [{"role": "user", "content": "Define the word harbor."}]), dtype=mx.int32)
+    ids = padded_chat_prompt(adapter, "Define the word harbor.", context)
+    # Every lane restores the prompt from one snapshot: the long prefill runs once.
+    prompt, shared = Prompt(tuple(ids), (len(ids) - 1,)), PrefixCache(2**40)
 
     def per_yield(lane, depth: int) -> float:
-        it = lane._steps(prompt, steps * (depth + 1) + 2, GenerationStats())
+        it = lane._steps(prompt, steps * (depth + 1) + 2, GenerationStats(), None)
         next(it)  # prefill and the first token are not decode time
         t0 = time.perf_counter()
         for n, _ in enumerate(it, 1):
@@ -130,8 +152,8 @@ def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: in
         it.close()
         return (time.perf_counter() - t0) / steps
 
-    ar = AutoregressiveDecoder(adapter, sampler=sampler)
-    lanes = {d: SpeculativeDecoder(adapter, sampler=sampler, depth=d) for d in range(1, max_depth + 1)}
+    ar = AutoregressiveDecoder(adapter, sampler=sampler, prefix_cache=shared)
+    lanes = {d: SpeculativeDecoder(adapter, sampler=sampler, depth=d, prefix_cache=shared) for d in range(1, max_depth + 1)}
     per_round = []
     for _ in range(rounds):  # AR and MTP interleaved, so that both see the same machine
         ar_s = per_yield(ar, 0)

@@ -6,28 +6,27 @@ from typing import Iterator, List, Tuple, Union
 import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
-from .costs import DepthPolicy, measure_costs, _CACHE as _COSTS
+from .costs import DepthPolicy, cached_costs, measure_costs
 from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
 from .stats import GenerationStats
-from .stream import Lane, prefill
+from .stream import Lane
 
 
 class AutoregressiveDecoder(Lane):
     mode = "ar"
 
-    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0):
-        super().__init__(adapter, sampler, seed)
+    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0, prefix_cache=None):
+        super().__init__(adapter, sampler, seed, prefix_cache)
 
-    def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
+    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str]]]:
         ad, keys = self.adapter, KeyStream(self.seed, active=not self.sampler.greedy)
-        cache = ad.make_cache()
 
         def sample(logits):
             # -1 marks a non-finite logit row: one value to read per step, no second sync.
             return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next()).astype(mx.int32), -1)
 
-        logits, _ = prefill(ad, prompt, cache)
-        y = sample(logits)
+        cache, _, done = self._prefill(prompt, stats, stop)
+        y = sample(done.logits)
         mx.async_eval(y)  # the first token must not wait behind the next step
         stats.target_forwards += 1
         for n in range(1, max_tokens + 1):
@@ -51,31 +50,35 @@ class SpeculativeDecoder(Lane):
     mode = "mtp"
 
     def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0,
-                 depth: Union[int, str] = _DEFAULT["depth"], max_depth: int = _DEFAULT["max_depth"]):
-        super().__init__(adapter, sampler, seed)
+                 depth: Union[int, str] = _DEFAULT["depth"], max_depth: int = _DEFAULT["max_depth"],
+                 prefix_cache=None):
+        super().__init__(adapter, sampler, seed, prefix_cache)
         if depth != "auto" and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
             raise ValueError(f"depth must be an integer >= 1 or 'auto', got {depth!r}")
         self.depth = depth
         self.max_depth = max_depth if depth == "auto" else depth
-        # Costs are measured once per adapter ('auto' needs them; fixed depths reuse them if known).
-        self.costs = measure_costs(adapter, max_width=self.max_depth + 1) if depth == "auto" else _COSTS.get(adapter)
+        self.costs = None  # set to use these costs instead of measured ones
 
-    def _make_caches(self):
-        return self.adapter.make_cache(), self.adapter.make_mtp_cache()
+    def costs_at(self, context: int):
+        """The cost model at this context ('auto' measures it once per adapter and context
+        bucket; fixed depths use whatever was measured, for the predicted speed-up)."""
+        if self.costs is not None:
+            return self.costs
+        if self.depth == "auto":
+            return measure_costs(self.adapter, max_width=self.max_depth + 1, context=context)
+        return cached_costs(self.adapter, context)
 
-    def _steps(self, prompt, max_tokens, stats) -> Iterator[Tuple[List[int], List[str]]]:
+    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str]]]:
         ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed, active=not self.sampler.greedy)
-        policy = DepthPolicy(self.depth, self.max_depth, self.costs)
-        cache, mtp_cache = self._make_caches()
-
-        logits, hidden = prefill(ad, prompt, cache)
-        first = sampler.sample(logits, keys.next())
-        check_finite(all_finite(logits).item(), "target model")
+        policy = DepthPolicy(self.depth, self.max_depth, self.costs_at(len(prompt.ids)))
+        cache, mtp_cache, done = self._prefill(prompt, stats, stop)
+        first = sampler.sample(done.logits, keys.next())
+        check_finite(all_finite(done.logits).item(), "target model")
         stats.target_forwards += 1
         pending = first.item()
         yield [pending], ["target"]
-        # What the head has not seen yet: trunk hidden at n with token n+1.
-        feed_h, feed_t = hidden, mx.concatenate([prompt[1:], first])
+        # What the head has not seen yet: the prompt's last hidden state with the first token.
+        feed_h, feed_t = done.hidden, first
         produced = 1
 
         while True:

@@ -11,6 +11,8 @@ class GenerationStats:
     mode: str = "ar"  # "ar" or "mtp"
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache
+    prefilled_tokens: int = 0  # prompt tokens actually run through the model
     proposed: int = 0
     accepted: int = 0
     proposed_per_depth: List[int] = field(default_factory=list)  # drafts that reached depth i

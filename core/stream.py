@@ -7,9 +7,11 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .prefix_cache import marks_within, restore, take
 from .stats import GenerationStats, OwnClock
 
 PREFILL_CHUNK = 512
+THINK_END = "</think>"
 
 
 @dataclass
@@ -27,40 +29,101 @@ def synchronize() -> None:
     mx.synchronize()
 
 
-def as_prompt(prompt_ids) -> mx.array:
-    ids = prompt_ids if isinstance(prompt_ids, mx.array) else mx.array(list(prompt_ids), dtype=mx.int32)
-    ids = ids.reshape(-1).astype(mx.int32)
-    if ids.size == 0:
+@dataclass(frozen=True)
+class Prompt:
+    """Prompt token ids plus the positions worth a prefix-cache snapshot (see core.chat)."""
+
+    ids: Tuple[int, ...]
+    marks: Tuple[int, ...] = ()
+
+
+class PrefillStopped(Exception):
+    """The stop event was set between two prefill chunks."""
+
+
+def as_prompt(prompt_ids) -> Prompt:
+    if isinstance(prompt_ids, Prompt):
+        ids, marks = prompt_ids.ids, prompt_ids.marks
+    else:
+        ids, marks = prompt_ids, ()
+    if isinstance(ids, mx.array):
+        ids = ids.reshape(-1).tolist()
+    ids = tuple(int(t) for t in ids)
+    if not ids:
         raise ValueError("the prompt is empty: give at least one token")
-    return ids
+    return Prompt(ids, tuple(marks))
 
 
-def prefill(adapter, prompt: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
-    """Run the prompt through the trunk in chunks -> (logits of the last position [1, V], hidden [1, L, H])."""
-    hiddens = []
-    for start in range(0, prompt.size, PREFILL_CHUNK):
-        logits, hidden, _ = adapter.forward(prompt[None, start : start + PREFILL_CHUNK], cache, all_logits=False)
-        mx.eval(hidden, [c.state for c in cache])  # bound the graph per chunk
-        hiddens.append(hidden)
-    return logits[:, -1], mx.concatenate(hiddens, axis=1) if len(hiddens) > 1 else hiddens[0]
+@dataclass
+class Prefilled:
+    logits: mx.array          # of the prompt's last position [1, V]
+    hidden: mx.array          # trunk hidden at the last position [1, 1, H]: the head's next input
+    cached_tokens: int        # prompt tokens restored from the prefix cache
+    prefilled_tokens: int     # prompt tokens run through the trunk
+
+
+def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
+            stop: Optional[threading.Event] = None) -> Prefilled:
+    """Run the prompt through the trunk, and the MTP head over it, in chunks.
+
+    The head's history of the prompt belongs to prefill: after it the head holds positions
+    0..L-2 (hidden n with token n+1) and the first decode cycle only adds the last position.
+    Chunks end at the prompt's marks, where snapshots go into `prefix_cache`; before each
+    chunk the stop event is checked, so a long prompt can be abandoned within one chunk.
+    """
+    ids, L = prompt.ids, len(prompt.ids)
+    start, h_last = 0, None
+    snap = prefix_cache.lookup(ids) if prefix_cache is not None else None
+    if snap is not None:
+        h_last, start = restore(snap, cache, mtp_cache), snap.length
+    tokens = mx.array(ids, dtype=mx.int32)
+    ends = sorted(set(range(start + PREFILL_CHUNK, L, PREFILL_CHUNK)) | set(marks_within(list(prompt.marks), start, L)) | {L})
+    a = start
+    for b in ends:
+        if stop is not None and stop.is_set():
+            raise PrefillStopped()
+        logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False)
+        # Head entries for positions a-1 .. b-2: (hidden n, token n+1).
+        hs = hidden[:, :-1] if h_last is None else mx.concatenate([h_last, hidden[:, :-1]], axis=1)
+        if hs.shape[1]:
+            adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] : b], mtp_cache, fast=False)
+        h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
+        mx.eval(h_last, logits, [c.state for c in cache], mtp_cache.state)  # bound the graph per chunk
+        if prefix_cache is not None and b in prompt.marks and b < L:
+            prefix_cache.store(take(ids[:b], cache, mtp_cache, h_last))
+        a = b
+    return Prefilled(logits[:, -1], h_last, start, L - start)
 
 
 class Lane:
     """Base of both decoders: `stream` wraps the lane's `_steps` generator.
 
-    `_steps(prompt, max_tokens, stats)` yields (tokens, origins) lists; its first yield is
-    the token sampled from the prompt's last position.
+    `_steps(prompt, max_tokens, stats, stop)` yields (tokens, origins) lists; its first yield
+    is the token sampled from the prompt's last position. With a `prefix_cache`
+    (core.prefix_cache.PrefixCache) the prefill starts from the longest stored prefix.
     """
 
     mode = "ar"
 
-    def __init__(self, adapter, sampler, seed: int = 0):
+    def __init__(self, adapter, sampler, seed: int = 0, prefix_cache=None):
         self.adapter = adapter
         self.sampler = sampler
         self.seed = seed
+        self.prefix_cache = prefix_cache
 
-    def _steps(self, prompt: mx.array, max_tokens: int, stats: GenerationStats) -> Iterator[Tuple[List[int], List[str]]]:
+    def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
+               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str]]]:
         raise NotImplementedError
+
+    def _make_caches(self):
+        return self.adapter.make_cache(), self.adapter.make_mtp_cache()
+
+    def _prefill(self, prompt: Prompt, stats: GenerationStats, stop) -> Tuple[list, object, Prefilled]:
+        """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
+        cache, mtp_cache = self._make_caches()
+        done = prefill(self.adapter, prompt, cache, mtp_cache, self.prefix_cache, stop)
+        stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
+        return cache, mtp_cache, done
 
     def generate(self, prompt_ids, max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> Tuple[List[int], GenerationStats]:
         ids: List[int] = []
@@ -76,7 +139,10 @@ class Lane:
         max_tokens: int = 256,
         stop: Optional[threading.Event] = None,
         stop_strings: Sequence[str] = (),
+        thinking: bool = False,
     ) -> Iterator[StreamEvent]:
+        """Events of one reply. `thinking`: the reply starts inside a think block (the template
+        opened it); stop strings then apply to the answer only, not to the reasoning."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         prompt = as_prompt(prompt_ids)
@@ -84,18 +150,22 @@ class Lane:
         eos = set(tokenizer.eos_token_ids)
         detok = tokenizer.detokenizer
         detok.reset()
-        stats = GenerationStats(mode=self.mode, prompt_tokens=prompt.size)
+        stats = GenerationStats(mode=self.mode, prompt_tokens=len(prompt.ids))
         clock = OwnClock()
         clock.resume()
-        steps = self._steps(prompt, max_tokens, stats)
+        steps = self._steps(prompt, max_tokens, stats, stop)
         text_so_far = ""
+        answer_from = None if thinking else 0
         try:
             while True:
                 if stop is not None and stop.is_set():
                     reason, tokens, origins = "stopped", [], []
                 else:
-                    tokens, origins = next(steps)
-                    reason = None
+                    try:
+                        tokens, origins = next(steps)
+                        reason = None
+                    except PrefillStopped:
+                        tokens, origins, reason = [], [], "stopped"
                     for i, t in enumerate(tokens):
                         if t in eos:
                             tokens, origins, reason = tokens[:i], origins[:i], "eos"
@@ -113,15 +183,20 @@ class Lane:
                 new_text = detok.text[len(text_so_far):]
                 if stop_strings:
                     full = text_so_far + new_text
-                    hits = [full.find(s, max(0, len(text_so_far) - len(s))) for s in stop_strings if s]
+                    if thinking and answer_from is None and THINK_END in full:
+                        answer_from = full.index(THINK_END) + len(THINK_END)
+                    since = answer_from if answer_from is not None else len(full)
+                    hits = [full.find(s, max(since, len(text_so_far) - len(s))) for s in stop_strings if s]
                     hits = [h for h in hits if h >= 0]
                     if hits:
                         new_text = full[: min(hits)][len(text_so_far):]
                         reason = "stop_string"
                 text_so_far += new_text
                 now = clock.now()
-                if first:
+                if first and tokens:
                     stats.time_to_first_token = stats.prefill_seconds = now
+                elif first:  # stopped before any token: it was all prefill
+                    stats.prefill_seconds = now
                 stats.compute_seconds = now
                 stats.decode_seconds = now - stats.prefill_seconds
                 stats.finish_reason = reason
