@@ -126,7 +126,8 @@ def main(argv=None) -> int:
         order = names[r % len(names):] + names[: r % len(names)]
         ids = encoded[r % len(encoded)]
         for name in order:
-            runs[name].append(lanes[name](ids, r))
+            mx.reset_peak_memory()  # peak of this run alone (weights included)
+            runs[name].append({**lanes[name](ids, r), "peak_memory_bytes": mx.get_peak_memory()})
         line = "  ".join(f"{n} {runs[n][-1]['tokens_per_second']:.1f} tok/s" for n in names)
         print(f"repeat {r + 1}/{args.repeats}: {line}", file=sys.stderr)
 
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
             "decode_seconds": median_of(runs[name], "decode_seconds"),
             "time_to_first_token": median_of(runs[name], "time_to_first_token"),
             "runs_tokens_per_second": [r["tokens_per_second"] for r in runs[name]],
+            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in runs[name]),
             "sample_text": runs[name][0]["text"][:400],
         }
     # Paired ratios: per repeat, then the median.
