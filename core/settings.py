@@ -34,6 +34,15 @@ class Settings(BaseSettings):
     lan: bool = False
     auth: Optional[str] = Field(None, description="USER:PASS required to open the app")
     api_key: Optional[str] = Field(None, description="bearer key required on the OpenAI-compatible API (/v1)")
+    # Prefix cache: snapshots of recent conversations' prompt state (trunk caches, the MTP
+    # head's history). 2 GiB holds ~10 turns of several conversations at the 9B shape (a
+    # snapshot there is ~50 MiB of Gated-DeltaNet state plus 32 KiB of attention KV a token)
+    # next to the 5 GiB of 4-bit weights on a 16 GB laptop. 0 turns it off.
+    prefix_cache_mb: int = Field(2048, ge=0)
+    # Caps the context below the model's own (max_position_embeddings), in tokens; None = the model's.
+    max_context: Optional[int] = Field(None, ge=64)
+    # Reasoning templates (enable_thinking): True / False, or None = the template's default.
+    thinking: Optional[bool] = None
     blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
 
     @field_validator("depth", mode="before")

@@ -36,6 +36,12 @@ class Prompt:
     ids: Tuple[int, ...]
     marks: Tuple[int, ...] = ()
 
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(self.ids)
+
 
 class PrefillStopped(Exception):
     """The stop event was set between two prefill chunks."""
@@ -78,6 +84,8 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
         h_last, start = restore(snap, cache, mtp_cache), snap.length
     tokens = mx.array(ids, dtype=mx.int32)
     ends = sorted(set(range(start + PREFILL_CHUNK, L, PREFILL_CHUNK)) | set(marks_within(list(prompt.marks), start, L)) | {L})
+    if start >= L:
+        raise ValueError("a snapshot as long as the prompt leaves nothing to run")
     a = start
     for b in ends:
         if stop is not None and stop.is_set():
@@ -89,10 +97,25 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
             adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] : b], mtp_cache, fast=False)
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
         mx.eval(h_last, logits, [c.state for c in cache], mtp_cache.state)  # bound the graph per chunk
-        if prefix_cache is not None and b in prompt.marks and b < L:
+        if prefix_cache is not None and b in prompt.marks:
             prefix_cache.store(take(ids[:b], cache, mtp_cache, h_last))
         a = b
     return Prefilled(logits[:, -1], h_last, start, L - start)
+
+
+def cache_prompt(adapter, prompt: Prompt, prefix_cache, stop: Optional[threading.Event] = None) -> int:
+    """Prefill all but the prompt's last token into `prefix_cache` (a snapshot there), so that
+    lanes started on this prompt afterwards all start from the same state; returns the tokens
+    now cached."""
+    if len(prompt.ids) < 2:
+        return 0
+    head = Prompt(prompt.ids[:-1], tuple(m for m in prompt.marks if m < len(prompt.ids) - 1) + (len(prompt.ids) - 1,))
+    cache, mtp_cache = adapter.make_cache(), adapter.make_mtp_cache()
+    snap = prefix_cache.lookup(prompt.ids)
+    if snap is not None and snap.length == len(head.ids):
+        return snap.length
+    prefill(adapter, head, cache, mtp_cache, prefix_cache, stop)
+    return len(head.ids)
 
 
 class Lane:

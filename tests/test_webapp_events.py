@@ -126,7 +126,7 @@ def test_engine_error_is_shown_and_the_app_keeps_serving(host, monkeypatch, chat
         raise RuntimeError("simulated device failure")
 
     with monkeypatch.context() as m:
-        m.setattr(host, "prompt_ids", broken)
+        m.setattr(host, "fit", broken)
         out = list(chat.respond(user("x"), "mtp", "", max_tokens=10, **GREEDY))[-1]
     assert "simulated device failure" in text_of(out[-1]["content"]) and "error" in out[-1]["metadata"]["title"]
     ok = list(chat.respond(user("x"), "mtp", "", max_tokens=5, **GREEDY))[-1]

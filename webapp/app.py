@@ -33,6 +33,7 @@ ELEMENT_IDS = {
     "chat-clear": "clear the conversation",
     "chat-mode": "MTP / AR switch",
     "system-prompt": "system prompt",
+    "thinking": "reasoning switch (shown for templates with enable_thinking)",
     "race-prompt": "race prompt",
     "race-repeats": "number of races (median speedup)",
     "race-start": "start the race",
@@ -97,6 +98,9 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                 with gr.Row(equal_height=True):
                     mode = gr.Radio([("MTP (speculative)", "mtp"), ("AR (plain)", "ar")], value="mtp",
                                     label="Decoding", elem_id="chat-mode", scale=1)
+                    thinking = gr.Checkbox(True if s.thinking is None else bool(s.thinking), label="Thinking",
+                                           info="the template's reasoning switch (enable_thinking)",
+                                           visible=host.has_thinking, elem_id="thinking", scale=1)
                     with gr.Accordion("System prompt", open=False, elem_id="system-prompt-box"):
                         system = gr.Textbox("", lines=2, show_label=False, placeholder="You are a helpful assistant.",
                                             elem_id="system-prompt")
@@ -134,7 +138,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                     race_json = gr.JSON({}, elem_id="race-json", show_label=False)
 
         # --- chat events ----------------------------------------------------------------
-        respond_args = dict(fn=chat.respond, inputs=[chatbot, mode, system] + sampler, outputs=chatbot,
+        respond_args = dict(fn=chat.respond, inputs=[chatbot, mode, system] + sampler + [thinking], outputs=chatbot,
                             show_progress="full", **MODEL_QUEUE)
         save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
 

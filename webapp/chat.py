@@ -15,7 +15,7 @@ import gradio as gr
 
 from .model import ModelHost
 from .params import ParamError, parse_params
-from .render import reply_stats
+from .render import THINKING_TITLE, reply_stats
 from .stops import StopRegistry
 
 UPDATE_INTERVAL = 0.1      # seconds between streamed UI updates (~10/s: the browser keeps up)
@@ -76,6 +76,35 @@ def prompt_messages(history: List[dict], system_prompt: str) -> List[dict]:
     return msgs
 
 
+class Reply:
+    """A streamed reply split into its thinking (a collapsible section) and its answer."""
+
+    def __init__(self, thinking: bool):
+        from core import ThinkSplitter   # core imports mlx: not at import time (BLAS preload first)
+
+        self.splitter = ThinkSplitter(inside=thinking)
+        self.reasoning, self.answer, self.done = "", "", False
+
+    def feed(self, text: str, finished: bool = False) -> None:
+        for kind, piece in self.splitter.feed(text) + (self.splitter.flush() if finished else []):
+            if kind == "reasoning":
+                self.reasoning += piece
+            else:
+                self.answer += piece
+        self.done = finished
+
+    def messages(self) -> List[dict]:
+        out = []
+        if self.reasoning:
+            thinking_now = self.splitter.inside and not self.done
+            msg = assistant(self.reasoning.strip(), title=THINKING_TITLE)
+            msg["metadata"]["status"] = "pending" if thinking_now else "done"
+            out.append(msg)
+        if self.answer or not out:
+            out.append(assistant(self.answer))
+        return out
+
+
 def session_of(request: Optional[gr.Request]) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -97,6 +126,10 @@ class ChatHandlers:
             return message or "", history
         if self.stops.busy(self.key(request)):
             gr.Warning("A reply is still being generated: wait for it or press Stop.")
+            return message, history
+        too_long = self.host.too_long(message)
+        if too_long:   # refused here, before the queue: nobody waits behind it, nothing is lost
+            gr.Warning(too_long)
             return message, history
         self.stops.arm(self.key(request))
         return "", history + [{"role": "user", "content": block(message)}]
@@ -131,12 +164,12 @@ class ChatHandlers:
 
     # --- the queued, model-using step ------------------------------------------------
     def respond(self, history, mode, system_prompt, temperature, top_p, top_k, min_p,
-                max_tokens, seed, depth, request: gr.Request = None) -> Iterator[List[dict]]:
+                max_tokens, seed, depth, thinking=None, request: gr.Request = None) -> Iterator[List[dict]]:
         """Stream the assistant's reply to the conversation, whose last message is the user's."""
         history = clean_history(history)
         key = self.key(request)
         stop = self.stops.claim(key)
-        text, stats, stream = "", None, None
+        text, stats, stream, reply = "", None, None, None
         try:
             try:
                 params = parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth,
@@ -152,17 +185,28 @@ class ChatHandlers:
             if stop.is_set():     # stopped while waiting in the queue
                 yield history + [assistant("(stopped before it started)", title="⏹ stopped")]
                 return
-            ids = self.host.prompt_ids(prompt_messages(history, system_prompt))
-            stream = self.host.stream(mode, params, ids, stop=stop)
+            from core import ContextError
+
+            try:
+                fitted = self.host.fit(prompt_messages(history, system_prompt), params.max_tokens,
+                                       enable_thinking=None if thinking is None else bool(thinking))
+            except ContextError as exc:
+                yield history + [assistant(str(exc), title="⚠️ too long for the model's context")]
+                return
+            if fitted.notice:
+                history = history + [assistant(fitted.notice, title="ℹ️ older messages left out")]
+            reply = Reply(self.host.opens_thinking(fitted.prompt))
+            stream = self.host.stream(mode, params, fitted.prompt, stop=stop, thinking=reply.splitter.inside)
             last = 0.0
             for ev in stream:
-                text += ev.text
+                reply.feed(ev.text, ev.finished)
                 stats = ev.stats
                 now = time.monotonic()
                 if not ev.finished and now - last >= self.update_interval:
                     last = now
-                    yield history + [assistant(text)]
-            out = history + [assistant(text)]
+                    yield history + reply.messages()
+            text = reply.answer
+            out = history + reply.messages()
             if stats is not None:
                 s = stats.as_dict()
                 if mode == "ar" and s.get("finish_reason") != "stopped":
@@ -176,6 +220,7 @@ class ChatHandlers:
             raise
         except Exception as exc:   # the request fails, the app keeps serving
             gr.Warning(f"Generation failed: {exc}")
+            text = reply.answer if reply is not None else text
             yield history + ([assistant(text)] if text else []) + [
                 assistant(f"{type(exc).__name__}: {exc}", title="⚠️ error")]
         finally:

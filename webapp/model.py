@@ -46,6 +46,13 @@ class ModelHost:
         self.max_depth = int(settings.max_depth)
         self._lock = threading.Lock()
         self._ar_tps: Optional[float] = None
+        from core import PrefixCache, context_window
+
+        mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
+        self.prefix_cache = PrefixCache(mb * 2**20) if mb > 0 else None
+        self.context_length = context_window(adapter, getattr(settings, "max_context", None))
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        self.has_thinking = "enable_thinking" in template
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
@@ -65,19 +72,67 @@ class ModelHost:
 
         sampler = params.sampler()
         if mode == "ar":
-            return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed)
+            return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed,
+                                         prefix_cache=self.prefix_cache)
         return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth,
-                                  max_depth=self.max_depth)
+                                  max_depth=self.max_depth, prefix_cache=self.prefix_cache)
 
-    def stream(self, mode: str, params: RunParams, prompt_ids: List[int], stop=None) -> WorkerStream:
-        """The engine's event stream for one reply, stepped on the model thread."""
-        return self.worker.stream(lambda: self.decoder(mode, params).stream(
-            prompt_ids, max_tokens=params.max_tokens, stop=stop))
+    def stream(self, mode: str, params: RunParams, prompt_ids, stop=None, stop_strings=(),
+               thinking: Optional[bool] = None) -> WorkerStream:
+        """The engine's event stream for one reply, stepped on the model thread. `prompt_ids`:
+        what prompt_ids / fit return (keeps the prefix-cache marks) or plain ids; `thinking`:
+        the reply starts inside a think block (None: find out from the prompt)."""
+        if thinking is None:
+            thinking = self.opens_thinking(prompt_ids)
+        stream = self.worker.stream(lambda: self.decoder(mode, params).stream(
+            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking))
+        stream.stop_event = stop
+        return stream
 
-    def prompt_ids(self, messages: List[dict]) -> List[int]:
-        from core import chat_prompt_ids
+    def cache_prompt(self, prompt, stop=None) -> int:
+        """Put all but the prompt's last token into the prefix cache (on the model thread), so
+        that lanes started on it next (the race's) start from the same state; returns the
+        tokens cached (0 without a prefix cache)."""
+        if self.prefix_cache is None:
+            return 0
+        from core.stream import as_prompt, cache_prompt
 
-        return list(chat_prompt_ids(self.adapter, messages))
+        return self.worker.call(cache_prompt, self.adapter, as_prompt(prompt), self.prefix_cache, stop)
+
+    def opens_thinking(self, prompt_ids) -> bool:
+        """Does the prompt end inside a think block (the template opened it for the reply)?"""
+        from core import opens_thinking
+
+        ids = list(getattr(prompt_ids, "ids", prompt_ids))
+        return self.has_thinking and opens_thinking(self.tokenizer.decode(ids[-16:]))
+
+    def fit(self, messages: List[dict], max_tokens: int, *, trim: bool = True, tools=None,
+            enable_thinking: Optional[bool] = None):
+        """The conversation fitted to the context (core.limits.fit_chat): .prompt, .dropped, .notice.
+        Raises core.ContextError (or its InputTooLarge) with a message for the user."""
+        from core import fit_chat
+
+        if enable_thinking is None:
+            enable_thinking = getattr(self.settings, "thinking", None)
+        return fit_chat(self.adapter, messages, max_tokens, trim=trim, tools=tools,
+                        enable_thinking=enable_thinking if self.has_thinking else None, cap=self.context_length)
+
+    def too_long(self, text: str) -> Optional[str]:
+        """A message for the user when `text` alone could never fit the context (checked before
+        it is queued or tokenised), else None."""
+        from core.limits import CHARS_PER_TOKEN
+
+        budget = self.context_length * CHARS_PER_TOKEN
+        if len(text) <= budget:
+            return None
+        return (f"This message is {len(text):,} characters; the model's context of {self.context_length:,} "
+                f"tokens holds about {budget:,}. Shorten it or split it into several messages.")
+
+    def prompt_ids(self, messages: List[dict], *, max_tokens: Optional[int] = None, tools=None,
+                   enable_thinking: Optional[bool] = None):
+        """The prompt for the next reply, refused (core.ContextError) rather than trimmed when it
+        does not fit. A core.Prompt: `.ids` are the tokens, its marks feed the prefix cache."""
+        return self.fit(messages, max_tokens or 1, trim=False, tools=tools, enable_thinking=enable_thinking).prompt
 
     def warmup(self, params: RunParams, tokens: int = 32, log: Callable[[str], None] = print) -> None:
         """One short AR and MTP generation: compiles/caches kernels, measures the AR reference."""

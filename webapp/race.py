@@ -140,8 +140,16 @@ class RaceHandlers:
         try:
             params, n_runs = self._validate(prompt, repeats, temperature, top_p, top_k, min_p,
                                             max_tokens, seed, depth)
-            ids = self.host.prompt_ids([{"role": "user", "content": str(prompt)}])
-            yield from self._races(ids, params, n_runs, stop, lanes)
+            from core import ContextError
+
+            try:
+                ids = self.host.prompt_ids([{"role": "user", "content": str(prompt)}], max_tokens=params.max_tokens)
+            except ContextError as exc:
+                raise gr.Error(str(exc), title="Prompt too long") from None
+            # Both lanes start from one cached state of the prompt (all but its last token),
+            # made here off both clocks: neither lane's first token pays for the other's prefill.
+            cached = self.host.cache_prompt(ids, stop)
+            yield from self._races(ids, params, n_runs, stop, lanes, cached)
         finally:
             for lane in lanes:
                 lane.close()
@@ -163,10 +171,14 @@ class RaceHandlers:
             raise gr.Error("Type a prompt for the race first.", title="Nothing to race")
         return params, n_runs
 
-    def _races(self, ids, params, n_runs, stop, lanes: List[TimedLane]) -> Iterator[tuple]:
+    def _races(self, ids, params, n_runs, stop, lanes: List[TimedLane], cached: int = 0) -> Iterator[tuple]:
         t_ar, t_mtp = self.titles(params.depth)
         runs: List[float] = []
-        summary: Dict[str, Any] = {"params": params.as_dict(), "prompt_tokens": len(ids), "runs": []}
+        start_state = (f"both lanes start from the same cached prompt state: {cached} of {len(ids)} prompt tokens "
+                       "from the prefix cache, the last one prefilled by each lane" if cached else
+                       f"both lanes prefill the whole prompt ({len(ids)} tokens) from an empty cache")
+        summary: Dict[str, Any] = {"params": params.as_dict(), "prompt_tokens": len(ids), "runs": [],
+                                   "cached_tokens": cached, "start_state": start_state}
         for run in range(n_runs):
             if stop.is_set():
                 break
@@ -180,7 +192,7 @@ class RaceHandlers:
                 TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop), record=record),
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
-            note = f"run {run + 1}/{n_runs}, seed {run_params.seed}" if n_runs > 1 else ""
+            note = (f"run {run + 1}/{n_runs}, seed {run_params.seed}; " if n_runs > 1 else "") + start_state
             # The lane listed first goes first at a tie (the very first step, after an idle
             # pause with cold caches): alternate it between runs.
             order = lanes if run % 2 == 0 else lanes[::-1]

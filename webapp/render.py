@@ -235,6 +235,9 @@ def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
     return f'<div class="race-chart">{"".join(parts)}</div>'
 
 
+THINKING_TITLE = "💭 Thinking"
+
+
 def reply_stats(stats: dict, mode: str, ar_reference_tps: Optional[float],
                 depth: object = 1) -> Tuple[str, str]:
     """(title, details markdown) for a chat reply's stats message."""
@@ -253,8 +256,13 @@ def reply_stats(stats: dict, mode: str, ar_reference_tps: Optional[float],
             bits.append(f"≈{speedup:.2f}× vs AR")
     if stats.get("finish_reason") == "stopped":
         bits.append("stopped")
+    cached = stats.get("cached_tokens") or 0
+    if cached:
+        bits.append(f"{cached} cached")
     details = [
-        f"- generated tokens: {stats.get('generated_tokens', 0)} (prompt {stats.get('prompt_tokens', 0)})",
+        f"- generated tokens: {stats.get('generated_tokens', 0)} (prompt {stats.get('prompt_tokens', 0)}: "
+        f"{cached} from the prefix cache, {stats.get('prefilled_tokens', 0)} prefilled in "
+        f"{fmt_s(stats.get('prefill_seconds'))})",
         f"- decode speed: {tps:.1f} tok/s; time to first token {fmt_s(stats.get('time_to_first_token'))}",
         f"- target forwards: {stats.get('target_forwards', 0)}; cycles: {stats.get('cycles', 0)}",
     ]
