@@ -1,0 +1,180 @@
+"""The prefix cache: turns reuse the prompt state of earlier ones, and change nothing.
+
+Greedy replies with the cache are token-identical to replies from a fresh prefill, for both
+lanes, across many turns, with regenerate, undo, an edited earlier message, a changed system
+prompt and a reply stopped half-way; the head's history restores consistently (same
+acceptance); sampled replies keep their distribution.
+"""
+import threading
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+from adapters import load_adapter
+from core import (AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
+                  split_reply)
+from core.prefix_cache import common_prefix
+from tests._engine_helpers import make_mixed_head
+
+GREEDY = SamplerConfig(temperature=0)
+MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
+QUESTIONS = ["Hi there", "What is the sea?", "Tell me about the moon.", "And the robot?", "Why?",
+             "Write one more line.", "Thanks, bye."]
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_checkpoint):
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **MIXED)))
+
+
+@pytest.fixture(scope="module")
+def thinking_adapter(tiny_checkpoint):
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, template="qwen3_5", **MIXED)))
+
+
+def lane(kind, adapter, cache, sampler=GREEDY, seed=0):
+    if kind == "ar":
+        return AutoregressiveDecoder(adapter, sampler=sampler, seed=seed, prefix_cache=cache)
+    return SpeculativeDecoder(adapter, sampler=sampler, seed=seed, depth=int(kind[-1]), prefix_cache=cache)
+
+
+def reply(adapter, kind, messages, cache, max_tokens=24, stop=None):
+    prompt = chat_prompt(adapter, messages)
+    out, stats = [], None
+    for ev in lane(kind, adapter, cache).stream(prompt, max_tokens=max_tokens, stop=stop):
+        out += ev.tokens
+        stats = ev.stats
+        if stop is not None and len(out) >= 5:
+            stop.set()
+    return out, stats
+
+
+def conversation(adapter, kind, cache):
+    """Six+ turns with regenerate, undo, an edit, a system prompt change and a stopped reply;
+    returns every reply's token ids and the stats of each."""
+    replies, stats_seen = [], []
+    msgs = [{"role": "system", "content": "You are brief."}]
+
+    def turn(messages, **kw):
+        ids, stats = reply(adapter, kind, messages, cache, **kw)
+        replies.append(ids)
+        stats_seen.append(stats)
+        return adapter.tokenizer.decode(ids)
+
+    for q in QUESTIONS[:4]:
+        msgs.append({"role": "user", "content": q})
+        msgs.append({"role": "assistant", "content": turn(msgs)})
+    turn(msgs[:-1])                                    # regenerate the last reply
+    msgs = msgs[:-2]                                   # undo the last exchange
+    msgs.append({"role": "user", "content": QUESTIONS[4]})
+    msgs.append({"role": "assistant", "content": turn(msgs, stop=threading.Event())})  # stopped mid-reply
+    msgs.append({"role": "user", "content": QUESTIONS[5]})
+    msgs.append({"role": "assistant", "content": turn(msgs)})
+    edited = [dict(m) for m in msgs]
+    edited[3]["content"] = "What is the ocean?"       # an edited earlier message
+    turn(edited + [{"role": "user", "content": QUESTIONS[6]}])
+    changed = [{"role": "system", "content": "You are a pirate."}] + msgs[1:]  # a new system prompt
+    turn(changed + [{"role": "user", "content": QUESTIONS[6]}])
+    return replies, stats_seen
+
+
+@pytest.mark.parametrize("kind", ["ar", "mtp1", "mtp2", "mtp3"])
+def test_greedy_replies_identical_with_and_without_the_cache(adapter, kind):
+    cache = PrefixCache(2**30)
+    with_cache, stats = conversation(adapter, kind, cache)
+    fresh, fresh_stats = conversation(adapter, kind, None)
+    assert with_cache == fresh
+    assert all(len(r) > 0 for r in fresh)
+    cached = [s.cached_tokens for s in stats]
+    assert all(c == 0 for c in (s.cached_tokens for s in fresh_stats))
+    # every turn after the first reuses something, and prefills only its new part; a new
+    # system prompt shares no snapshot with what was cached
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:-1]) and cached[-1] == 0, cached
+    assert all(s.cached_tokens + s.prefilled_tokens == s.prompt_tokens for s in stats)
+    # turn 4 shares all of turn 3's prompt but the generation prompt
+    assert stats[3].prefilled_tokens < 0.5 * stats[3].prompt_tokens
+    if kind != "ar":  # the head's history restores as a fresh prefill builds it: same acceptance
+        assert [s.accepted for s in stats] == [s.accepted for s in fresh_stats]
+        assert sum(s.proposed for s in stats) > 0
+
+
+@pytest.mark.parametrize("kind", ["ar", "mtp2"])
+def test_thinking_template_reuses_the_history_before_the_generation_prompt(thinking_adapter, kind):
+    ad = thinking_adapter
+    cache = PrefixCache(2**30)
+    msgs = [{"role": "system", "content": "Think, then answer."}]
+    previous = None
+    for q in QUESTIONS[:3]:
+        msgs.append({"role": "user", "content": q})
+        prompt = chat_prompt(ad, msgs)
+        text = ad.tokenizer.decode(list(prompt.ids))
+        assert text.endswith("<|im_start|>assistant\n<think>\n")       # the template opened the block
+        ids, stats = lane(kind, ad, cache).generate(prompt, max_tokens=20)
+        fresh, _ = lane(kind, ad, None).generate(prompt, max_tokens=20)
+        assert ids == fresh
+        # each turn restores the snapshot taken just before the previous generation prompt
+        assert stats.cached_tokens == (previous.marks[-1] if previous else 0)
+        previous = prompt
+        _, answer = split_reply("<think>\n" + ad.tokenizer.decode(ids))
+        msgs.append({"role": "assistant", "content": "<think>\nhm\n</think>\n\n" + answer})
+    # the re-rendered history drops the earlier turns' thinking, so the reply's own state is no
+    # use to the next turn; the snapshot before the generation prompt is
+    assert len(prompt.marks) == 2
+    nxt = chat_prompt(ad, msgs + [{"role": "user", "content": "Again?"}])
+    assert common_prefix(nxt.ids, prompt.ids) >= prompt.marks[-1]
+
+
+def test_sampled_replies_keep_their_distribution_with_the_cache(adapter):
+    """First tokens of sampled MTP replies on a cached prompt: the same distribution as AR's
+    on a fresh prefill (chi-square on the counts)."""
+    from scipy.stats import chi2_contingency
+
+    sampler = SamplerConfig(temperature=1.0, top_k=0, top_p=1.0)
+    msgs = [{"role": "system", "content": "x"}, {"role": "user", "content": "Hello"}]
+    prompt = chat_prompt(adapter, msgs)
+    cache = PrefixCache(2**30)
+    n = 300
+    cached_counts, fresh_counts = Counter(), Counter()
+    for seed in range(n):
+        ids, stats = lane("mtp2", adapter, cache, sampler, seed=seed).generate(prompt, max_tokens=3)
+        if seed > 0:
+            assert stats.cached_tokens > 0
+        cached_counts[tuple(ids[1:3])[:1]] += 1
+        ref, _ = lane("ar", adapter, None, sampler, seed=10_000 + seed).generate(prompt, max_tokens=3)
+        fresh_counts[tuple(ref[1:3])[:1]] += 1
+    keys = sorted(set(cached_counts) | set(fresh_counts))
+    common = [k for k in keys if cached_counts[k] + fresh_counts[k] >= 10]
+    table = [[cached_counts[k] for k in common], [fresh_counts[k] for k in common]]
+    assert len(common) >= 2
+    assert chi2_contingency(table)[1] > 0.001
+
+
+def test_memory_stays_within_the_budget(adapter):
+    budget = 3 * 2**20
+    cache = PrefixCache(budget)
+    for c in range(12):
+        msgs = [{"role": "system", "content": f"Conversation {c}."}, {"role": "user", "content": QUESTIONS[c % 7] * 6}]
+        lane("mtp1", adapter, cache).generate(chat_prompt(adapter, msgs), max_tokens=4)
+        assert cache.nbytes <= budget
+    assert len(cache) > 0
+
+
+def test_prefill_stops_between_chunks(adapter, monkeypatch):
+    import core.stream
+
+    monkeypatch.setattr(core.stream, "PREFILL_CHUNK", 64)
+    stop = threading.Event()
+    calls = []
+    real = adapter.forward
+
+    def counting(tokens, cache, **kw):
+        calls.append(tokens.shape[1])
+        if len(calls) == 3:
+            stop.set()          # Stop pressed while the third chunk runs
+        return real(tokens, cache, **kw)
+
+    monkeypatch.setattr(adapter, "forward", counting)
+    events = list(lane("mtp2", adapter, None).stream(list(range(5, 500)), max_tokens=10, stop=stop))
+    assert len(calls) == 3                      # no chunk after the one running when Stop came
+    assert events[-1].finish_reason == "stopped" and events[-1].stats.generated_tokens == 0
