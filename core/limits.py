@@ -74,7 +74,8 @@ def fit_chat(adapter, messages: Sequence[dict], max_tokens: int, *, trim: bool =
         raise InputTooLarge(
             f"The {what} is too long: {fixed + tail:,} characters, while this model's context of "
             f"{window:,} tokens holds about {budget:,} characters with max tokens {max_tokens:,}. "
-            "Shorten it or split it into several messages.")
+            "Shorten it or split it into several messages"
+            + (" or lower max tokens." if fixed + tail <= window * CHARS_PER_TOKEN else "."))
 
     starts = _turn_starts(msgs, first)
 
