@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, List, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -109,11 +109,11 @@ class OpenAIApi:
             req = parse_chat(loads(await self.read_body(request)), self.settings, self.host.max_depth,
                              self.settings.max_tokens)
             self.check_model(req.model)
-            ids, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
+            prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
         except ApiError as exc:
             return self.refuse(request, exc)
         shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
-        return await self.respond(request, Reply("chat", self.config.model_id), req, ids, shaper)
+        return await self.respond(request, Reply("chat", self.config.model_id), req, prompt, shaper, in_reasoning)
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -137,9 +137,9 @@ class OpenAIApi:
         return self.refuse(request, exc)
 
     # --- decoding ------------------------------------------------------------------------------
-    async def respond(self, request: Request, reply: Reply, req: ApiRequest, ids: List[int],
-                      shaper: ReplyShaper) -> Response:
-        run = _Run(self, reply, req, ids, shaper)
+    async def respond(self, request: Request, reply: Reply, req: ApiRequest, prompt, shaper: ReplyShaper,
+                      thinking: bool = False) -> Response:
+        run = _Run(self, reply, req, prompt, shaper, thinking)
         if req.stream:
             return StreamingResponse(run.stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -170,8 +170,10 @@ SHUTDOWN = "The server is shutting down: the reply was cut short."
 class _Run:
     """One request's decode: waits for its turn, decodes, shapes the text into a reply."""
 
-    def __init__(self, api: OpenAIApi, reply: Reply, req: ApiRequest, ids: List[int], shaper: ReplyShaper):
-        self.api, self.reply, self.req, self.ids, self.shaper = api, reply, req, ids, shaper
+    def __init__(self, api: OpenAIApi, reply: Reply, req: ApiRequest, prompt, shaper: ReplyShaper,
+                 thinking: bool):
+        self.api, self.reply, self.req, self.prompt, self.shaper = api, reply, req, prompt, shaper
+        self.thinking = thinking
         self.engine_reason: Optional[str] = None
         self.stats: Optional[dict] = None
 
@@ -186,7 +188,8 @@ class _Run:
         try:
             if api.stops.closing:
                 raise ApiError(503, SHUTDOWN, code="server_shutdown")
-            job = DecodeJob(api.host, self.req.mode, self.req.params, self.ids, stop, on_done=api.turns.give_back)
+            job = DecodeJob(api.host, self.req.mode, self.req.params, self.prompt, stop, thinking=self.thinking,
+                            on_done=api.turns.give_back)
             async for piece in job.events(TICK):
                 if piece is not None and piece.finished:
                     self.engine_reason, self.stats = piece.finish_reason, piece.stats
@@ -206,7 +209,7 @@ class _Run:
         deltas, calls = self.shaper.finish()
         finish = finish_reason(self.engine_reason, self.shaper.stopped, calls)
         mtp = figures(self.req.mode, self.req.params.depth, self.stats)
-        return deltas, calls, finish, usage(len(self.ids), self.stats), mtp
+        return deltas, calls, finish, usage(len(self.prompt), self.stats), mtp
 
     async def whole(self, request: Request) -> dict:
         deltas = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, List, Optional
+from typing import AsyncIterator, Callable, Optional
 
 
 @dataclass
@@ -23,9 +23,10 @@ class Piece:
 
 
 class DecodeJob:
-    def __init__(self, host, mode: str, params, prompt_ids: List[int], stop: threading.Event,
+    def __init__(self, host, mode: str, params, prompt, stop: threading.Event, *, thinking: bool = False,
                  on_done: Callable[[], None] = lambda: None):
-        self.host, self.mode, self.params, self.ids, self.stop = host, mode, params, prompt_ids, stop
+        self.host, self.mode, self.params, self.prompt, self.stop = host, mode, params, prompt, stop
+        self.thinking = thinking
         self._on_done = on_done
         self.done = threading.Event()
         self._queue: "asyncio.Queue" = asyncio.Queue()
@@ -41,7 +42,7 @@ class DecodeJob:
     def _run(self) -> None:
         stream = None
         try:
-            stream = self.host.stream(self.mode, self.params, self.ids, stop=self.stop)
+            stream = self.host.stream(self.mode, self.params, self.prompt, stop=self.stop, thinking=self.thinking)
             for ev in stream:
                 stats = ev.stats.as_dict() if ev.finished and ev.stats is not None else None
                 self._put(Piece(ev.text, ev.finished, ev.finish_reason, stats))
