@@ -14,9 +14,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # before gradio is 
 import gradio as gr  # noqa: E402
 
 from .chat import ChatHandlers, clean_history, session_of  # noqa: E402
+from .idle import calm_queue  # noqa: E402
+from .literal import literal_user_text  # noqa: E402
 from .model import ModelHost, describe_runtime  # noqa: E402
 from .params import depth_choices  # noqa: E402
 from .race import RaceHandlers  # noqa: E402
+from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
 
@@ -104,9 +107,10 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                     with gr.Accordion("System prompt", open=False, elem_id="system-prompt-box"):
                         system = gr.Textbox("", lines=2, show_label=False, placeholder="You are a helpful assistant.",
                                             elem_id="system-prompt")
-                chatbot = gr.Chatbot(elem_id="chatbot", label="Conversation", height="58vh", min_height=280,
-                                     buttons=["copy", "copy_all"], layout="bubble",
-                                     placeholder="Ask something. Replies stream with their speed and MTP acceptance underneath.")
+                chatbot = literal_user_text(gr.Chatbot(elem_id="chatbot", label="Conversation", height="58vh", min_height=280,
+                                                       buttons=["copy", "copy_all"], layout="bubble",
+                                                       placeholder="Ask something. Replies stream with their speed and "
+                                                                   "MTP acceptance underneath."))
                 with gr.Row(equal_height=True):
                     msg = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)", show_label=False,
                                      lines=1, max_lines=8, scale=6, elem_id="chat-input", autofocus=True)
@@ -142,10 +146,11 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                             show_progress="full", **MODEL_QUEUE)
         save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
 
+        # .success: a refused message or regenerate (a gr.Error) queues no reply
         gr.on([msg.submit, send.click], chat.submit, [msg, chatbot], [msg, chatbot], queue=False,
-              api_visibility="private").then(api_name="respond", **respond_args).then(**save)
+              api_visibility="private").success(api_name="respond", **respond_args).then(**save)
         gr.on([regen.click, chatbot.retry], chat.prepare_regenerate, chatbot, chatbot, queue=False,
-              api_visibility="private").then(api_visibility="private", **respond_args).then(**save)
+              api_visibility="private").success(api_visibility="private", **respond_args).then(**save)
         gr.on([undo.click, chatbot.undo], chat.undo, chatbot, [chatbot, msg], queue=False,
               api_visibility="private").then(**save)
         gr.on([clear.click], chat.clear_and_stop, None, [chatbot, msg], queue=False,
@@ -168,6 +173,8 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
             stops.stop_session(session_of(request))
 
         demo.unload(on_unload)
+    calm_queue(demo)
+    quiet_input_errors(demo)
     return demo
 
 

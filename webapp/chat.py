@@ -13,8 +13,10 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import gradio as gr
 
+from .inputs import clean_text, history_problem
 from .model import ModelHost
 from .params import ParamError, parse_params
+from .refusals import refusal
 from .render import THINKING_TITLE, reply_stats
 from .stops import StopRegistry
 
@@ -60,10 +62,11 @@ def clean_history(history: Optional[List[Any]]) -> List[dict]:
     for m in history or []:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             continue
-        msg = {"role": m["role"], "content": block(text_of(m.get("content")))}
+        msg = {"role": m["role"], "content": block(clean_text(text_of(m.get("content"))))}
         meta = m.get("metadata")
         if isinstance(meta, dict) and meta.get("title"):
-            msg["metadata"] = {k: meta[k] for k in ("title", "status", "duration", "log", "id") if meta.get(k) is not None}
+            msg["metadata"] = {k: clean_text(meta[k]) if isinstance(meta[k], str) else meta[k]
+                               for k in ("title", "status", "duration", "log", "id") if meta.get(k) is not None}
         out.append(msg)
     return out
 
@@ -120,17 +123,15 @@ class ChatHandlers:
 
     # --- un-queued steps (instant) ---------------------------------------------------
     def submit(self, message: str, history, request: gr.Request = None) -> Tuple[str, List[dict]]:
-        history = clean_history(history)
-        if not message or not message.strip():
-            gr.Warning("Type a message first.")
-            return message or "", history
+        # A refusal raises, so the chain stops here (.success) and /respond never sees it.
+        history, message = clean_history(history), clean_text(message)
+        if not message.strip():
+            raise refusal("Type a message first.", "Nothing to send", where="submit")
         if self.stops.busy(self.key(request)):
-            gr.Warning("A reply is still being generated: wait for it or press Stop.")
-            return message, history
+            raise refusal("A reply is still being generated: wait for it or press Stop.", "Busy", where="submit")
         too_long = self.host.too_long(message)
         if too_long:   # refused here, before the queue: nobody waits behind it, nothing is lost
-            gr.Warning(too_long)
-            return message, history
+            raise refusal(too_long, "Message too long", where="submit")
         self.stops.arm(self.key(request))
         return "", history + [{"role": "user", "content": block(message)}]
 
@@ -139,9 +140,8 @@ class ChatHandlers:
         while history and history[-1]["role"] != "user":
             history.pop()
         if not history:
-            gr.Warning("Nothing to regenerate yet.")
-        else:
-            self.stops.arm(self.key(request))
+            raise refusal("Nothing to regenerate yet.", "Nothing to regenerate", where="regenerate")
+        self.stops.arm(self.key(request))
         return history
 
     def undo(self, history) -> Tuple[List[dict], str]:
@@ -166,7 +166,8 @@ class ChatHandlers:
     def respond(self, history, mode, system_prompt, temperature, top_p, top_k, min_p,
                 max_tokens, seed, depth, thinking=None, request: gr.Request = None) -> Iterator[List[dict]]:
         """Stream the assistant's reply to the conversation, whose last message is the user's."""
-        history = clean_history(history)
+        problem = history_problem(history, text_of)     # as the client sent it
+        history, system_prompt = clean_history(history), clean_text(system_prompt)
         key = self.key(request)
         stop = self.stops.claim(key)
         text, stats, stream, reply = "", None, None, None
@@ -175,13 +176,12 @@ class ChatHandlers:
                 params = parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth,
                                       max_depth=self.host.max_depth)
             except ParamError as exc:
-                raise gr.Error(str(exc), title="Invalid setting") from None
+                raise refusal(str(exc), "Invalid setting", where="/respond") from None
             mode = MODES.get(str(mode or "mtp").strip().lower())
             if mode is None:
-                raise gr.Error("Mode must be 'mtp' or 'ar'.", title="Invalid setting")
-            if not history or history[-1]["role"] != "user":
-                yield history
-                return
+                raise refusal("Mode must be 'mtp' or 'ar'.", "Invalid setting", where="/respond")
+            if problem:
+                raise refusal(problem, "Invalid history", where="/respond")
             if stop.is_set():     # stopped while waiting in the queue
                 yield history + [assistant("(stopped before it started)", title="⏹ stopped")]
                 return

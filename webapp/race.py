@@ -12,8 +12,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import gradio as gr
 
 from .chat import session_of
+from .inputs import clean_text
 from .model import ModelHost
 from .params import ParamError, parse_params
+from .refusals import refusal
 from .render import (LANE_COLORS, LaneView, chart_svg, empty_lane_html, lane_html, median,
                      race_stats_html)
 from .scheduler import Snapshot, TimedLane, run_fair
@@ -134,6 +136,7 @@ class RaceHandlers:
     def race(self, prompt, repeats, temperature, top_p, top_k, min_p, max_tokens, seed, depth,
              request: gr.Request = None) -> Iterator[tuple]:
         """Yields (AR lane html, MTP lane html, stats html, chart html, summary dict)."""
+        prompt = clean_text(prompt)
         key = self.key(request)
         stop = self.stops.claim(key)
         lanes: List[TimedLane] = []
@@ -145,7 +148,7 @@ class RaceHandlers:
             try:
                 ids = self.host.prompt_ids([{"role": "user", "content": str(prompt)}], max_tokens=params.max_tokens)
             except ContextError as exc:
-                raise gr.Error(str(exc), title="Prompt too long") from None
+                raise refusal(str(exc), "Prompt too long", where="/race") from None
             # Both lanes start from one cached state of the prompt (all but its last token),
             # made here off both clocks: neither lane's first token pays for the other's prefill.
             cached = self.host.cache_prompt(ids, stop)
@@ -160,15 +163,15 @@ class RaceHandlers:
             params = parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth,
                                   max_depth=self.host.max_depth)
         except ParamError as exc:
-            raise gr.Error(str(exc), title="Invalid setting") from None
+            raise refusal(str(exc), "Invalid setting", where="/race") from None
         try:
             n_runs = int(float(repeats if repeats not in (None, "") else 1))
         except (TypeError, ValueError):
-            raise gr.Error(f"Repeats must be a whole number 1..{MAX_REPEATS}.", title="Invalid setting") from None
+            raise refusal(f"Repeats must be a whole number 1..{MAX_REPEATS}.", "Invalid setting", where="/race") from None
         if not 1 <= n_runs <= MAX_REPEATS:
-            raise gr.Error(f"Repeats must be between 1 and {MAX_REPEATS}, got {n_runs}.", title="Invalid setting")
+            raise refusal(f"Repeats must be between 1 and {MAX_REPEATS}, got {n_runs}.", "Invalid setting", where="/race")
         if not prompt or not str(prompt).strip():
-            raise gr.Error("Type a prompt for the race first.", title="Nothing to race")
+            raise refusal("Type a prompt for the race first.", "Nothing to race", where="/race")
         return params, n_runs
 
     def _races(self, ids, params, n_runs, stop, lanes: List[TimedLane], cached: int = 0) -> Iterator[tuple]:
