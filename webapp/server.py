@@ -208,7 +208,7 @@ class Shutdown:
     message, log one line, exit 0. Before the app serves (loading, warm-up) there is nothing
     to stop: it exits at once. A second signal exits at once too."""
 
-    def __init__(self, log: Callable[[str], None] = print, grace: float = 2.0):
+    def __init__(self, log: Callable[[str], None] = print, grace: float = 5.0):
         self.log, self.grace = log, grace
         self.stops = None
         self.requested = threading.Event()

@@ -1,0 +1,45 @@
+"""The server's guards in front of every route (webapp/server.py), over real HTTP: failed
+sign-ins are throttled per client address, and file uploads are refused (the app takes none)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests._webapp_helpers import make_host, served
+
+httpx = pytest.importorskip("httpx")
+
+
+@pytest.fixture(scope="module")
+def host(tiny_model_dir):
+    return make_host(tiny_model_dir)
+
+
+def login(url, password, source="127.0.0.1"):
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=10) as c:
+        return c.post(url + "/login", data={"username": "ann", "password": password})
+
+
+def test_failed_sign_ins_are_throttled_per_address(host):
+    with served(host, auth=("ann", "correct-horse")) as (url, _):
+        t0 = time.perf_counter()
+        codes = [login(url, f"guess{i}").status_code for i in range(20)]
+        assert codes[:3] == [400, 400, 400] and set(codes[3:]) == {429}, codes    # was 20 x 400 in 0.17 s
+        locked = login(url, "correct-horse")
+        assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+        assert "try again" in locked.json()["detail"]
+        assert time.perf_counter() - t0 < 5                 # refused at once, not slowed down for everyone
+        assert login(url, "correct-horse", source="127.0.0.2").status_code == 200   # another address: unaffected
+        time.sleep(float(locked.headers["retry-after"]) + 0.1)
+        assert login(url, "correct-horse").status_code == 200                       # the lock is short
+        assert [login(url, "again").status_code for _ in range(3)][-1] == 400          # and a success clears it
+
+
+@pytest.mark.parametrize("auth", [None, ("ann", "pw")])
+def test_uploads_are_refused(host, auth):
+    with served(host, auth=auth) as (url, _):
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/gradio_api/upload", files={"files": ("big.bin", b"\0" * (20 * 2**20))}, timeout=30)
+        assert r.status_code == 403 and "no file uploads" in r.json()["detail"]      # was 200 without login
+        assert time.perf_counter() - t0 < 5

@@ -1,0 +1,140 @@
+"""Ctrl+C and SIGTERM on the real `mtp-chat` process, at any moment: idle, mid-prefill,
+mid-decode. Each stops the decode within a chunk or cycle, logs one line, exits 0 (never
+an abort), and a streaming reply ends with a message that says why."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from core.settings import DEMO_MODEL_DIR
+from tests._webapp_helpers import LONG_PROMPT, free_port
+
+httpx = pytest.importorskip("httpx")
+gradio_client = pytest.importorskip("gradio_client")
+REPO = Path(__file__).resolve().parent.parent
+READY = "press Ctrl+C"
+
+
+class App:
+    """`python -m webapp` on a free port, its output collected line by line."""
+
+    def __init__(self, model_dir):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name in ("MTP_CHAT_AUTH", "MTP_CHAT_API_KEY", "MTP_CHAT_LAN"):
+            env.pop(name, None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", str(model_dir), "--port",
+                                      str(self.port), "--no-warmup"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self.ready.wait(120):
+            self.proc.kill()
+            raise AssertionError("the app did not start:\n" + "".join(self.lines))
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if READY in line:
+                self.ready.set()
+
+    def signal(self, sig) -> float:
+        self.mark = len(self.lines)
+        self.proc.send_signal(sig)
+        return time.perf_counter()
+
+    def wait(self, timeout=30) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def after_signal(self) -> list:
+        time.sleep(0.1)                      # the pump thread reads the last lines
+        return [line.strip() for line in self.lines[self.mark:] if line.strip()]
+
+
+def stream_events(url, body, started: threading.Event, out: list):
+    """Reads an API stream into `out`; sets `started` after the first content delta."""
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    out.append(line[6:])
+                    if '"content"' in line:
+                        started.set()
+    except httpx.HTTPError as exc:   # the server went away
+        out.append(f"closed: {exc!r}")
+    finally:
+        started.set()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return tiny_model_dir
+
+
+def test_ctrl_c_when_idle_exits_0_with_one_line(tiny):
+    app = App(tiny)
+    out = "".join(app.lines)
+    assert "OpenAI-compatible API: http://127.0.0.1:" in out and "open on this machine" in out
+    t0 = app.signal(signal.SIGINT)
+    assert app.wait() == 0 and time.perf_counter() - t0 < 5
+    assert app.after_signal() == ["mtp-chat: SIGINT: stopping 0 running decodes and shutting down"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_decode_stops_it_and_exits_0(tiny, sig):
+    app = App(tiny)
+    ui = gradio_client.Client(app.url, verbose=False, download_files=False)
+    history = [{"role": "user", "content": [{"type": "text", "text": LONG_PROMPT}]}]
+    job = ui.submit(history, "ar", "", 0.0, 1.0, 0, 0.0, 3000, 0, "1", True, api_name="/respond")
+    events, started = [], threading.Event()
+    body = {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 3000, "temperature": 0,
+            "stream": True}
+    threading.Thread(target=stream_events, args=(app.url, body, started, events), daemon=True).start()
+    assert started.wait(60) and any('"content"' in e for e in events), events
+    while not job.outputs():
+        time.sleep(0.02)
+    t0 = app.signal(sig)
+    assert app.wait() == 0
+    # the decodes stop within a cycle (else it would wait out Shutdown's 5 s grace)
+    assert time.perf_counter() - t0 < 2.5
+    log = app.after_signal()
+    assert log == [f"mtp-chat: {sig.name}: stopping 2 running decodes and shutting down"], log
+    time.sleep(0.2)
+    error = json.loads(events[-2])["error"]                          # the API stream says why it ended ...
+    assert events[-1] == "[DONE]" and "shutting down" in error["message"] and error["code"] == "server_shutdown"
+    last = job.outputs()[-1][-1]                                     # ... and so does the chat in the UI
+    assert "shutting down" in last["metadata"]["title"], last
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_prefill_stops_it_within_a_chunk_and_exits_0(sig):
+    app = App(DEMO_MODEL_DIR)
+    text = "The harbor was quiet in the early morning. " * 300         # ~3,000 tokens: seconds of prefill
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 64, "temperature": 0, "stream": True}
+    events = []
+    threading.Thread(target=stream_events, args=(app.url, body, threading.Event(), events), daemon=True).start()
+    t_wait = time.perf_counter()
+    while not events and time.perf_counter() - t_wait < 30:          # the role chunk: the request is in
+        time.sleep(0.01)
+    time.sleep(0.8)                                                  # well inside the prefill
+    t0 = app.signal(sig)
+    assert app.wait() == 0
+    assert time.perf_counter() - t0 < 4.0          # within a prefill chunk (~1 s here), not Shutdown's 5 s grace
+    assert app.after_signal() == [f"mtp-chat: {sig.name}: stopping 1 running decode and shutting down"]
+    time.sleep(0.2)
+    assert not any('"content"' in e for e in events), "the signal came mid-prefill"
+    assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"], events
