@@ -59,8 +59,8 @@ def set_number(pg, elem_id, value):
 
 
 def start_long_reply(pg):
-    """Send LONG_PROMPT with a 5000-token budget and wait until the reply is streaming."""
-    set_number(pg, "max-tokens", 5000)
+    """Send LONG_PROMPT with a 3000-token budget (the context is 4096) and wait until the reply is streaming."""
+    set_number(pg, "max-tokens", 3000)
     pg.fill("#chat-input textarea", LONG_PROMPT)
     pg.click("#chat-send")
     pg.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"

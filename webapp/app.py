@@ -24,6 +24,9 @@ from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
+# Checks before a reply (submit, regenerate): through the queue, so a refusal shows its
+# message as a toast (un-queued events show a bare "Error"), but never behind the model.
+INSTANT = dict(queue=True, concurrency_id="instant", concurrency_limit=None, show_progress="hidden")
 HISTORY_KEY = "mtp-chat-history"
 
 ELEMENT_IDS = {
@@ -146,11 +149,15 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                             show_progress="full", **MODEL_QUEUE)
         save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
 
-        # .success: a refused message or regenerate (a gr.Error) queues no reply
-        gr.on([msg.submit, send.click], chat.submit, [msg, chatbot], [msg, chatbot], queue=False,
-              api_visibility="private").success(api_name="respond", **respond_args).then(**save)
-        gr.on([regen.click, chatbot.retry], chat.prepare_regenerate, chatbot, chatbot, queue=False,
-              api_visibility="private").success(api_visibility="private", **respond_args).then(**save)
+        # .success: a refused message or regenerate queues no reply. The checks have no outputs
+        # (a failed step covers its outputs, the whole conversation, with "Error").
+        gr.on([msg.submit, send.click], chat.check_message, msg, None, **INSTANT, api_visibility="private").success(
+            chat.submit, [msg, chatbot], [msg, chatbot], queue=False, api_visibility="private").success(
+            api_name="respond", **respond_args).then(**save)
+        gr.on([regen.click, chatbot.retry], chat.check_regenerate, chatbot, None, **INSTANT,
+              api_visibility="private").success(
+            chat.prepare_regenerate, chatbot, chatbot, queue=False, api_visibility="private").success(
+            api_visibility="private", **respond_args).then(**save)
         gr.on([undo.click, chatbot.undo], chat.undo, chatbot, [chatbot, msg], queue=False,
               api_visibility="private").then(**save)
         gr.on([clear.click], chat.clear_and_stop, None, [chatbot, msg], queue=False,

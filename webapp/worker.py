@@ -76,6 +76,8 @@ class WorkerStream:
 
     def __init__(self, worker: ModelWorker, factory: Callable[[], Iterator[Any]]):
         self.worker = worker
+        self.finished = False
+        self.stop_event = None   # set by the owner (ModelHost.stream): a close before the end sets it
         self._it: Optional[Iterator[Any]] = worker.call(factory)
 
     def _step(self) -> Tuple[Any, float]:
@@ -84,6 +86,8 @@ class WorkerStream:
             ev = next(self._it)
         except StopIteration:
             ev = None
+        if ev is None or getattr(ev, "finished", False):
+            self.finished = True
         return ev, time.perf_counter() - t0
 
     def timed_next(self) -> Tuple[Any, float]:
@@ -114,6 +118,11 @@ class WorkerStream:
         return ev
 
     def close(self) -> None:
+        """Close the engine's generator on the model thread. Closed before it finished (a
+        client's cancel, a closed tab), it sets the stream's stop event first, so that a long
+        prefill running now ends at its next chunk instead of being waited out."""
         it, self._it = self._it, None
         if it is not None:
+            if not self.finished and self.stop_event is not None:
+                self.stop_event.set()
             self.worker.call(it.close)
