@@ -108,6 +108,12 @@ class Reply:
         return out
 
 
+def until_last_question(history: List[dict]) -> List[dict]:
+    """The history up to and including its last user message ([] if it has none)."""
+    last = max((i for i, m in enumerate(history) if m["role"] == "user"), default=-1)
+    return history[:last + 1]
+
+
 def session_of(request: Optional[gr.Request]) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -121,24 +127,39 @@ class ChatHandlers:
     def key(self, request) -> str:
         return f"{session_of(request)}:chat"
 
-    # --- un-queued steps (instant) ---------------------------------------------------
-    def submit(self, message: str, history, request: gr.Request = None) -> Tuple[str, List[dict]]:
-        # A refusal raises, so the chain stops here (.success) and /respond never sees it.
-        history, message = clean_history(history), clean_text(message)
+    # --- checks before a reply: queued (only then do warnings reach the page), never behind
+    # the model; a refusal raises, so the chain stops there and /respond never sees it ------
+    def refused_message(self, message: str, request) -> Optional[Tuple[str, str]]:
+        """(why, title) when Send must refuse ``message``; None when it may go."""
         if not message.strip():
-            raise refusal("Type a message first.", "Nothing to send", where="submit")
+            return "Type a message first.", "Nothing to send"
         if self.stops.busy(self.key(request)):
-            raise refusal("A reply is still being generated: wait for it or press Stop.", "Busy", where="submit")
+            return "A reply is still being generated: wait for it or press Stop.", "Busy"
         too_long = self.host.too_long(message)
         if too_long:   # refused here, before the queue: nobody waits behind it, nothing is lost
-            raise refusal(too_long, "Message too long", where="submit")
+            return too_long, "Message too long"
+        return None
+
+    def check_message(self, message: str, request: gr.Request = None) -> None:
+        refused = self.refused_message(clean_text(message), request)
+        if refused:
+            raise refusal(*refused, where="send", warn=True)
+
+    def check_regenerate(self, history) -> None:
+        if not until_last_question(clean_history(history)):
+            raise refusal("Nothing to regenerate yet.", "Nothing to regenerate", where="regenerate", warn=True)
+
+    # --- un-queued steps (instant) ---------------------------------------------------
+    def submit(self, message: str, history, request: gr.Request = None) -> Tuple[str, List[dict]]:
+        history, message = clean_history(history), clean_text(message)
+        refused = self.refused_message(message, request)
+        if refused:   # check_message let it through a moment ago, or a direct call
+            raise refusal(*refused, where="submit")
         self.stops.arm(self.key(request))
         return "", history + [{"role": "user", "content": block(message)}]
 
     def prepare_regenerate(self, history, request: gr.Request = None) -> List[dict]:
-        history = clean_history(history)
-        while history and history[-1]["role"] != "user":
-            history.pop()
+        history = until_last_question(clean_history(history))
         if not history:
             raise refusal("Nothing to regenerate yet.", "Nothing to regenerate", where="regenerate")
         self.stops.arm(self.key(request))

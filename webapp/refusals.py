@@ -13,10 +13,15 @@ import gradio as gr
 log = logging.getLogger("mtp_chat")
 
 
-def refusal(message: str, title: str = "Invalid input", *, where: str = "request") -> gr.Error:
-    """The ``gr.Error`` to raise for a refused request; logs it as one line."""
+def refusal(message: str, title: str = "Invalid input", *, where: str = "request",
+            warn: bool = False) -> gr.Error:
+    """The ``gr.Error`` to raise for a refused request; logs it as one line. With ``warn``
+    the page shows the message as a warning and the error itself stays invisible: a
+    visible one also covers the event's outputs (the whole conversation) with "Error"."""
     log.warning("mtp-chat: refused %s: %s", where, " ".join(str(message).split()))
-    return gr.Error(message, title=title, print_exception=False)
+    if warn:
+        gr.Warning(message, title=title)
+    return gr.Error(message, title=title, print_exception=False, visible=not warn)
 
 
 def quiet_input_errors(demo) -> None:
