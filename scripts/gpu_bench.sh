@@ -6,36 +6,38 @@
 # Builds the Qwythos-9B-shape random checkpoint (4-bit g64, bf16; once, in $CKPT), then
 #   check  scripts/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
-#   bench  scripts/bench.py at depths 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
+#   d1 d2 d3  scripts/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
 #   base   the same at depth 2 with the kernels off (MTP_CHAT_GPU_KERNELS=0)
 #   demo   the bundled demo model (real acceptance), depth 2, T=0.6
 #   nan    scripts/gpu_nan.py: the h1024 L16 non-finite logits hunt
 #   report scripts/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
-# STAGES="check bench" runs a subset; CKPT=/path reuses a checkpoint; PYTHON picks python.
+# STAGES="d2 check" runs a subset, in that order; CKPT=/path reuses a checkpoint; PYTHON picks
+# python; STEP_TIMEOUT=s bounds each stage; CHECK_ARGS=--no-bench skips the kernel bandwidth table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-artifacts/gpu_bench}
 CKPT=${CKPT:-/tmp/mtp_chat_q9b}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-check bench base demo nan report}
+STAGES=${STAGES:-check d1 d2 d3 base demo nan report}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-has() { [[ " $STAGES " == *" $1 "* ]]; }
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && { has check || has bench || has base; }; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* ]]; then
   $PY scripts/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
-has check && $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json"
-if has bench; then
-  for d in 1 2 3; do
-    $PY scripts/bench.py --model "$CKPT" --depth $d "${greedy[@]}" --json "$OUT/bench_d$d.json" | tail -n 20
-  done
-fi
-has base && MTP_CHAT_GPU_KERNELS=0 $PY scripts/bench.py --model "$CKPT" --depth 2 "${greedy[@]}" \
-  --json "$OUT/bench_off_d2.json" | tail -n 20
-has demo && $PY scripts/bench.py --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 \
-  --max-tokens 128 --repeats 5 --json "$OUT/demo.json" | tail -n 20
-has nan && $PY scripts/gpu_nan.py --json "$OUT/nan.json" | tail -n 30
-has report && $PY scripts/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json"
+run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
+bench() { run $PY scripts/bench.py "$@" 2>&1 | grep -v "^repeat\|regex pattern" | tail -n 25; }
+for stage in $STAGES; do
+  case $stage in
+    check) run $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
+    d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;
+    base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;
+    demo) bench --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 \
+            --repeats 5 --json "$OUT/demo.json" ;;
+    nan) run $PY scripts/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
+    report) $PY scripts/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
+    *) echo "unknown stage $stage" >&2 ;;
+  esac
+done
 exit 0

@@ -40,6 +40,11 @@ SHAPES_9B = {
     "lm_head": (4096, 248320),
 }
 L2_BYTES = 64 << 20
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
 def gpu_info() -> dict:
@@ -153,19 +158,22 @@ def check_gdn(fails: list) -> list:
     return rows
 
 
-def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120) -> dict:
+def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120, budget: float = 90) -> dict:
     from adapters import load_adapter
     from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids
 
     ad = load_adapter(path)
+    log(f"loaded: {ad.describe()}; kernels {ad._gpu and ad._gpu.backend}")
     out = {"describe": ad.describe(), "gpu": None if ad._gpu is None else
            {"backend": ad._gpu.backend, "retyped_modules": ad._gpu.retyped}}
     ids = chat_prompt_ids(ad, [{"role": "user", "content": "Define the word harbor."}])
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
-    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=tokens)
+    ar, st = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=tokens)
+    log(f"AR {len(ar)} tokens at {st.tokens_per_second:.1f} tok/s")
     parity = {}
     for d in (1, 2, 3):
-        mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=d).generate(ids, max_tokens=tokens)
+        mtp, st = SpeculativeDecoder(ad, sampler=greedy, depth=d).generate(ids, max_tokens=tokens)
+        log(f"MTP depth {d}: {len(mtp)} tokens at {st.tokens_per_second:.1f} tok/s, identical {mtp == ar}")
         first = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
         parity[str(d)] = {"identical": mtp == ar, "tokens": len(mtp), "first_difference": first}
         if mtp != ar:
@@ -174,6 +182,7 @@ def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120) -
     gpu, ad._gpu = ad._gpu, None  # the same model through MLX's own kernels
     ar_off, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=tokens)
     ad._gpu = gpu
+    log(f"AR without the kernels: identical {ar_off == ar}")
     out["ar_kernels_vs_mlx"] = {"identical": ar_off == ar,
                                 "first_difference": next((i for i, (a, b) in enumerate(zip(ar, ar_off)) if a != b), None)}
 
@@ -182,7 +191,10 @@ def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120) -
 
     sampler = SamplerConfig(1.0, 1.0, 4, 0.0)
     counts = {"ar": {}, "mtp": {}}
+    start = time.perf_counter()
     for seed in range(samples):
+        if time.perf_counter() - start > budget:
+            break
         for lane, dec in (("ar", AutoregressiveDecoder(ad, sampler=sampler, seed=seed)),
                           ("mtp", SpeculativeDecoder(ad, sampler=sampler, seed=10_000 + seed, depth=2))):
             toks, _ = dec.generate(ids, max_tokens=3)
@@ -191,7 +203,8 @@ def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120) -
     keys = sorted(set(counts["ar"]) | set(counts["mtp"]))
     table = [[counts["ar"].get(k, 0) for k in keys], [counts["mtp"].get(k, 0) for k in keys]]
     p = float(chi2_contingency(table)[1]) if len(keys) > 1 else 1.0
-    out["sampled_distribution"] = {"samples_per_lane": samples, "outcomes": len(keys), "chi2_p": p,
+    log(f"sampled {seed + 1} runs per lane")
+    out["sampled_distribution"] = {"samples_per_lane": seed + 1, "outcomes": len(keys), "chi2_p": p,
                                    "ok": p > 0.001}
     if p <= 0.001:
         fails.append(f"sampled distribution: MTP vs AR chi-square p = {p:.2e}")
@@ -213,6 +226,7 @@ def main(argv=None) -> int:
     steps += [] if a.no_bench else [("qmm_bandwidth", bench_qmm)]
     steps += [("model", lambda: check_model(a.model, fails))] if a.model else []
     for name, step in steps:  # one failing step must not hide the others' results
+        log(f"{name} ...")
         try:
             report[name] = step()
         except Exception as exc:  # noqa: BLE001
