@@ -27,7 +27,7 @@ if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *che
   $PY scripts/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
-bench() { run $PY scripts/bench.py "$@" 2>&1 | grep -v "^repeat\|regex pattern" | tail -n 25; }
+bench() { run $PY scripts/bench.py "$@" 2>&1 | grep -v "regex pattern" | tail -n 25; }
 for stage in $STAGES; do
   case $stage in
     check) run $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
