@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import describe_runtime, runtime_info  # noqa: E402
-from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids, padded_chat_prompt  # noqa: E402
 from core.costs import expected_tokens, measure_costs, predicted_speedup  # noqa: E402
 from core.settings import Settings  # noqa: E402
 
@@ -45,6 +45,10 @@ def run_ours(decoder, prompt_ids, max_tokens) -> dict:
         "accepted_per_depth": stats.accepted_per_depth,
         "proposed_per_depth": stats.proposed_per_depth,
         "depth": stats.depth,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "prefilled_tokens": stats.prefilled_tokens,
+        "prefill_seconds": stats.prefill_seconds,
         "text": adapter_tokenizer.decode(ids),
     }
 
@@ -91,8 +95,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=d.hidden_variant)
     ap.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.stream_generate lane")
+    ap.add_argument("--context", type=int, action="append", metavar="N",
+                    help="pad each prompt to about N tokens (repeatable: the whole paired benchmark runs "
+                         "per context and the report has a 'contexts' table of speed-ups)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
+    if args.context and len(args.context) > 1:
+        return per_context(args, argv)
 
     depth = "auto" if args.depth == "auto" else int(args.depth)
     sampler = SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p)
@@ -105,12 +114,16 @@ def main(argv=None) -> int:
     global adapter_tokenizer
     adapter_tokenizer = adapter.tokenizer
     print(adapter.describe(), file=sys.stderr)
+    context = args.context[0] if args.context else None
     encoded = [
-        adapter.tokenizer.encode(p) if args.raw else chat_prompt_ids(adapter, [{"role": "user", "content": p}])
+        adapter.tokenizer.encode(p) if args.raw
+        else padded_chat_prompt(adapter, p, context) if context
+        else chat_prompt_ids(adapter, [{"role": "user", "content": p}])
         for p in prompts
     ]
     max_depth = depth if depth != "auto" else Settings().max_depth
-    costs = measure_costs(adapter, max_width=max(max_depth + 1, 4))
+    # The cost model at the context it is used at (the bucket of the prompts' length).
+    costs = measure_costs(adapter, max_width=max(max_depth + 1, 4), context=len(encoded[0]))
 
     lanes = {
         "ar": lambda ids, seed: run_ours(AutoregressiveDecoder(adapter, sampler=sampler, seed=seed), ids, args.max_tokens),
@@ -138,6 +151,8 @@ def main(argv=None) -> int:
         "prompts": prompts,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
+        "prompt_tokens": [len(e) for e in encoded],
+        "context": context,
     }
     for name in names:
         report[name] = {
@@ -201,6 +216,44 @@ def main(argv=None) -> int:
         "mtp_step_cost": report["cost_model"]["mtp_step"],
     })
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def per_context(args, argv) -> int:
+    """One paired benchmark per --context, each in this process on the one loaded model, then a
+    table of MTP/AR per context relative to the shortest."""
+    import contextlib
+    import io
+    import tempfile
+
+    rows = []
+    base = [a for i, a in enumerate(argv or sys.argv[1:]) if not (a == "--context" or (i and (argv or sys.argv[1:])[i - 1] == "--context"))]
+    base = [a for a in base if not a.startswith("--context=")]
+    if "--json" in base:
+        j = base.index("--json")
+        base = base[:j] + base[j + 2:]
+    reports = {}
+    for n in args.context:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            with contextlib.redirect_stdout(io.StringIO()):
+                main(base + ["--context", str(n), "--json", f.name])
+            reports[n] = json.loads(Path(f.name).read_text())
+        r = reports[n]
+        rows.append({"context": n, "prompt_tokens": statistics.median(r["prompt_tokens"]),
+                     "ar_tok_s": r["ar"]["tokens_per_second"], "mtp_tok_s": r["mtp"]["tokens_per_second"],
+                     "mlx_lm_tok_s": r.get("mlx_lm", {}).get("tokens_per_second"),
+                     "speedup_vs_ar": r["speedup_vs_ar"], "speedup_vs_ar_pooled": r["speedup_vs_ar_pooled"],
+                     "ar_vs_mlx_lm": r.get("ar_vs_mlx_lm"),
+                     "acceptance_per_depth": r["mtp"]["acceptance_per_depth"],
+                     "ttft_ar": r["ar"]["time_to_first_token"], "ttft_mtp": r["mtp"]["time_to_first_token"],
+                     "predicted_speedup": r["cost_model"]["predicted_speedup"]})
+    first = rows[0]["speedup_vs_ar_pooled"]
+    for row in rows:
+        row["relative_to_shortest"] = row["speedup_vs_ar_pooled"] / first if first else None
+    out = {"contexts": rows, "reports": {str(k): v for k, v in reports.items()}}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    print(json.dumps(rows, indent=2))
     return 0
 
 
