@@ -295,6 +295,17 @@ def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, h
     assert time.perf_counter() - t0 < 1.0, time.perf_counter() - t0
 
 
+def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server):
+    demo = server[1]
+    body = {**long_stream(3000), "stream": False}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=1.0)   # closes the connection
+    t0 = time.perf_counter()
+    while demo.stops.active() and time.perf_counter() - t0 < 5:
+        time.sleep(0.01)
+    assert demo.stops.active() == 0 and time.perf_counter() - t0 < 1.0, time.perf_counter() - t0
+
+
 def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server):
     demo = server[1]
     first: list = []

@@ -212,14 +212,15 @@ class _Run:
         return deltas, calls, finish, usage(len(self.prompt), self.stats), mtp
 
     async def whole(self, request: Request) -> dict:
-        deltas = []
+        deltas, looked = [], time.monotonic()
         async with contextlib.aclosing(self.pieces()) as pieces:
             async for piece in pieces:
-                if piece is None:
+                if time.monotonic() - looked >= TICK:
+                    looked = time.monotonic()
                     if await request.is_disconnected():   # closing pieces() stops the decode
                         raise ApiError(499, "The client went away.", code="client_closed")
-                    continue
-                deltas += self.shaper.feed(piece.text)
+                if piece is not None:
+                    deltas += self.shaper.feed(piece.text)
         if self.cut_by_shutdown():
             raise ApiError(503, SHUTDOWN, code="server_shutdown")
         more, calls, finish, use, mtp = self.ending()
