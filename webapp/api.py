@@ -103,12 +103,16 @@ class OpenAIApi:
         return JSONResponse({"object": "list", "data": [
             {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}]})
 
+    async def read_request(self, request: Request, parse) -> ApiRequest:
+        """Key, size, JSON, fields, model: the checks every completion request passes."""
+        self.authorize(request)
+        req = parse(loads(await self.read_body(request)), self.settings, self.host.max_depth, self.settings.max_tokens)
+        self.check_model(req.model)
+        return req
+
     async def chat_completions(self, request: Request) -> Response:
         try:
-            self.authorize(request)
-            req = parse_chat(loads(await self.read_body(request)), self.settings, self.host.max_depth,
-                             self.settings.max_tokens)
-            self.check_model(req.model)
+            req = await self.read_request(request, parse_chat)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
         except ApiError as exc:
             return self.refuse(request, exc)
@@ -117,10 +121,7 @@ class OpenAIApi:
 
     async def completions(self, request: Request) -> Response:
         try:
-            self.authorize(request)
-            req = parse_completion(loads(await self.read_body(request)), self.settings, self.host.max_depth,
-                                   self.settings.max_tokens)
-            self.check_model(req.model)
+            req = await self.read_request(request, parse_completion)
             ids = await run_in_threadpool(completion_prompt, self.host, req)
         except ApiError as exc:
             return self.refuse(request, exc)
