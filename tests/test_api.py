@@ -249,6 +249,14 @@ def test_errors_map_to_the_clients_exception_types(client, url):
     assert r.status_code == 405 and "POST" in r.json()["error"]["message"]
 
 
+def test_without_a_key_only_programs_on_this_machine_are_answered(url):
+    ok = httpx.get(url + "/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert ok.status_code == 200
+    for headers in ({"Host": "evil.example"}, {"Origin": "https://evil.example"}, {"Origin": "null"}):
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": HI}, headers=headers)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "local_only", headers
+
+
 def test_api_key_rules(host):
     with served(host, api_key="s3cret-key") as (url, _):
         for key in ("", "wrong", "s3cret-key-and-more"):

@@ -11,6 +11,7 @@ import contextlib
 import secrets
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import AsyncIterator, Callable, Optional
 
 from fastapi import APIRouter, Request
@@ -23,6 +24,7 @@ from .api_format import DONE, KEEPALIVE, Reply, figures, finish_reason, sse, usa
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
 from .api_text import ReplyShaper
+from .server import is_loopback
 from .stops import StopRegistry
 
 MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)
@@ -59,12 +61,24 @@ class OpenAIApi:
         if not cfg.enabled:
             raise ApiError(403, f"The API is off: {cfg.off_reason}", code="api_disabled")
         if cfg.api_key is None:
-            return
+            return self.local_only(request)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), cfg.api_key.encode()):
             raise ApiError(401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY' with the "
                                 "key the server was started with (--api-key).", code="invalid_api_key",
                            headers={"WWW-Authenticate": 'Bearer realm="mtp-chat"'})
+
+    @staticmethod
+    def local_only(request: Request) -> None:
+        """Without a key the API is open only to programs on this machine: a web page cannot
+        use the visitor's browser to reach it, neither by a cross-site request (its Origin is
+        another site) nor by DNS rebinding (its Host is another name)."""
+        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+        origin = request.headers.get("origin")
+        if not is_loopback(host) or (origin is not None and not is_loopback(urlsplit(origin).hostname or "")):
+            raise ApiError(403, "Without --api-key the API answers only programs on this machine (Host and Origin "
+                                "127.0.0.1 or localhost); start the server with --api-key KEY to use it otherwise.",
+                           code="local_only")
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body
