@@ -1,0 +1,90 @@
+"""A reasoning template in the real browser: the thinking streams into a collapsible Thinking
+section, the answer shows clean, the switch is there, and a long conversation keeps answering
+from the prefix cache."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, make_host, served
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+SAMPLER = dict(temperature=1.0, top_p=1.0, top_k=0, max_tokens=40, depth=2)
+
+
+def seed_that_closes_thinking(adapter):
+    """A seed whose reply to "Hello" ends its thinking once and then answers (the weights are
+    random: the model closes the block by chance; a seed makes the draw reproducible)."""
+    from core import SamplerConfig, SpeculativeDecoder, chat_prompt, split_reply
+
+    prompt = chat_prompt(adapter, [{"role": "user", "content": "Hello"}])
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=0)
+    for seed in range(400):
+        ids, _ = SpeculativeDecoder(adapter, sampler=sampler, seed=seed, depth=2).generate(prompt, max_tokens=40)
+        text = adapter.tokenizer.decode(ids)
+        reasoning, answer = split_reply(text, inside=True)
+        if text.count("</think>") == 1 and "<think>" not in text and len(reasoning) > 5 and len(answer.strip()) > 5:
+            return seed, reasoning, answer
+    pytest.fail("no seed closes the thinking block")
+
+
+@pytest.fixture(scope="module")
+def app(tiny_checkpoint):
+    path = tiny_checkpoint(template="qwen3_5")
+    from adapters import load_adapter
+
+    seed, reasoning, answer = seed_that_closes_thinking(load_adapter(path))
+    host = make_host(path, seed=seed, **SAMPLER)
+    assert host.has_thinking
+    with served(host) as (url, demo):
+        yield url, reasoning, answer
+
+
+def test_thinking_section_and_clean_answer_then_a_long_conversation(app):
+    url, reasoning, answer = app
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            pg = b.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            pg.set_default_timeout(30_000)
+            pg.goto(url)
+            pg.wait_for_selector("#chat-input textarea")
+            assert pg.locator("#thinking input[type=checkbox]").is_checked()   # the switch, on
+            pg.fill("#chat-input textarea", "Hello")
+            pg.click("#chat-send")
+            pg.wait_for_function("() => [...document.querySelectorAll('#chatbot .thought')]"
+                                 ".some(e => e.innerText.includes('tok/s'))")
+            groups = pg.locator("#chatbot .thought-group")     # Gradio's collapsible sections
+            thinking = [g for g in groups.all() if "Thinking" in g.locator(".title").first.inner_text()]
+            assert len(thinking) == 1
+            bots = pg.locator("#chatbot [data-testid='bot']").all_inner_texts()
+            shown = "\n".join(bots)
+            assert "<think>" not in shown and "</think>" not in shown
+            assert answer.split()[0] in shown
+            # collapsible: its body hides and shows with a click on its title
+            first_words = reasoning.split()[0]
+            title = thinking[0].locator(".title").first
+            shown_before = first_words in thinking[0].inner_text()
+            title.click()
+            for _ in range(50):    # the section opens (or closes) with a short animation
+                pg.wait_for_timeout(100)
+                if (first_words in thinking[0].inner_text()) != shown_before:
+                    break
+            assert (first_words in thinking[0].inner_text()) != shown_before
+            pg.screenshot(path="artifacts/screenshots/chat-thinking.png" if os.path.isdir("artifacts/screenshots")
+                          else "/tmp/chat-thinking.png", full_page=True)
+            # a long conversation keeps answering, later turns from the prefix cache
+            for i in range(6):
+                n = pg.locator("#chatbot .thought").count()
+                pg.fill("#chat-input textarea", f"Question number {i}: " + "tell me more about the sea " * 20)
+                pg.click("#chat-send")
+                pg.wait_for_function("n => [...document.querySelectorAll('#chatbot .thought')]"
+                                     ".filter(e => e.innerText.includes('tok/s')).length > n", arg=i + 1)
+            last = [t for t in pg.locator("#chatbot .thought").all_inner_texts() if "tok/s" in t][-1]
+            assert "cached" in last
+        finally:
+            b.close()
