@@ -26,15 +26,16 @@ READY = "press Ctrl+C"
 class App:
     """`python -m webapp` on a free port, its output collected line by line."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, *args, **env_vars):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         for name in ("MTP_CHAT_AUTH", "MTP_CHAT_API_KEY", "MTP_CHAT_LAN"):
             env.pop(name, None)
+        env.update(env_vars)
         self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", str(model_dir), "--port",
-                                      str(self.port), "--no-warmup"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                      str(self.port), "--no-warmup", *args], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list = []
         self.ready = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -65,10 +66,10 @@ class App:
         return [line.strip() for line in self.lines[self.mark:] if line.strip()]
 
 
-def stream_events(url, body, started: threading.Event, out: list):
+def stream_events(url, body, started: threading.Event, out: list, headers=None):
     """Reads an API stream into `out`; sets `started` after the first content delta."""
     try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     out.append(line[6:])
@@ -86,9 +87,9 @@ def tiny(tiny_model_dir):
 
 
 def test_ctrl_c_when_idle_exits_0_with_one_line(tiny):
-    app = App(tiny)
-    out = "".join(app.lines)
-    assert "OpenAI-compatible API: http://127.0.0.1:" in out and "open on this machine" in out
+    app = App(tiny, "--lan")
+    assert "OpenAI-compatible API: off" in "".join(app.lines)         # on the network without a key
+    assert httpx.get(app.url + "/v1/models").status_code == 403
     t0 = app.signal(signal.SIGINT)
     assert app.wait() == 0 and time.perf_counter() - t0 < 2
     assert app.after_signal() == ["mtp-chat: SIGINT: stopping 0 running decodes and shutting down"]
@@ -96,14 +97,18 @@ def test_ctrl_c_when_idle_exits_0_with_one_line(tiny):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_decode_stops_it_and_exits_0(tiny, sig):
-    app = App(tiny)
+    app = App(tiny, "--lan", MTP_CHAT_API_KEY="k3y")          # the key from the environment keeps the API on
+    out = "".join(app.lines)
+    assert "OpenAI-compatible API: http://127.0.0.1:" in out and "key required" in out
+    assert httpx.get(app.url + "/v1/models").status_code == 401
     ui = gradio_client.Client(app.url, verbose=False, download_files=False)
     history = [{"role": "user", "content": [{"type": "text", "text": LONG_PROMPT}]}]
     job = ui.submit(history, "ar", "", 0.0, 1.0, 0, 0.0, 3000, 0, "1", True, api_name="/respond")
     events, started = [], threading.Event()
     body = {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 3000, "temperature": 0,
             "stream": True}
-    threading.Thread(target=stream_events, args=(app.url, body, started, events), daemon=True).start()
+    threading.Thread(target=stream_events, args=(app.url, body, started, events, {"Authorization": "Bearer k3y"}),
+                     daemon=True).start()
     assert started.wait(60) and any('"content"' in e for e in events), events
     while not job.outputs():
         time.sleep(0.02)
