@@ -8,12 +8,12 @@ from .costs import Costs, DepthPolicy, measure_costs, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .sampling import NonFiniteLogitsError, SamplerConfig
 from .stats import GenerationStats
-from .stream import Prompt, StreamEvent, synchronize
+from .stream import PrefillStopped, Prompt, StreamEvent, synchronize
 
 __all__ = [
     "AutoregressiveDecoder", "SpeculativeDecoder", "SamplerConfig", "GenerationStats", "StreamEvent",
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
-    "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache",
+    "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
     "chat_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
     "context_window", "ThinkSplitter", "opens_thinking", "split_reply",
 ]

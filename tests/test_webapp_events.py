@@ -197,3 +197,20 @@ def test_streams_survive_hopping_between_threads(chat):
         t.join()
     assert not errors, errors
     assert "tok/s" in outs[-2][-1]["metadata"]["title"]
+
+
+def test_race_lanes_start_from_the_same_cached_prompt_state(host):
+    race = RaceHandlers(host, StopRegistry(), update_interval=0.0)
+    prompt = "Compare the two lanes on this prompt, please. " * 8
+    *_, (ar_html, mtp_html, stats_html, chart, summary) = race.race(prompt, 2, 0.0, 1.0, 0, 0.0, 20, 0, "2")
+    assert summary["cached_tokens"] == summary["prompt_tokens"] - 1 > 0
+    assert "same cached prompt state" in summary["start_state"] and "same cached prompt state" in stats_html
+    for run in summary["runs"]:   # each lane prefilled only the prompt's last token
+        assert run["ar"]["prefilled_tokens"] == run["mtp"]["prefilled_tokens"] == 1
+
+
+def test_race_prompt_too_long_for_the_context_is_refused(host):
+    race = RaceHandlers(host, StopRegistry(), update_interval=0.0)
+    with pytest.raises(gr.Error, match="context"):
+        list(race.race("word " * 3000, 1, 0.0, 1.0, 0, 0.0, 2000, 0, "1"))
+    assert not race.stops.busy("local:race")

@@ -89,6 +89,7 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
             v.tokens_per_second = after / span if span > 0 and after > 0 else 0.0
         last = recs[-1]
         v.finished, v.finish_reason = last.finished, last.finish_reason
+        v.prefilled_tokens = last.stats.get("prefilled_tokens")
         if key == "mtp":
             s = last.stats
             v.acceptance = s.get("acceptance_rate")
@@ -106,7 +107,7 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
 
 def lane_summary(v: LaneView) -> Dict[str, Any]:
     d = {"tokens": v.tokens, "tokens_per_second": v.tokens_per_second, "time_to_first_token": v.ttft,
-         "own_seconds": v.clock, "finish_reason": v.finish_reason}
+         "own_seconds": v.clock, "finish_reason": v.finish_reason, "prefilled_tokens": v.prefilled_tokens}
     if v.key == "mtp":
         d.update(acceptance_rate=v.acceptance, acceptance_per_depth=v.acceptance_per_depth,
                  tokens_per_cycle=v.tokens_per_cycle, depth=v.depth, mtp_active=v.mtp_active)
@@ -151,7 +152,13 @@ class RaceHandlers:
                 raise refusal(str(exc), "Prompt too long", where="/race") from None
             # Both lanes start from one cached state of the prompt (all but its last token),
             # made here off both clocks: neither lane's first token pays for the other's prefill.
-            cached = self.host.cache_prompt(ids, stop)
+            from core.stream import PrefillStopped
+
+            try:
+                cached = self.host.cache_prompt(ids, stop)
+            except PrefillStopped:   # Stop during the shared prefill: no race to show
+                yield self.reset(params.depth)
+                return
             yield from self._races(ids, params, n_runs, stop, lanes, cached)
         finally:
             for lane in lanes:

@@ -66,6 +66,7 @@ class LaneView:
     tokens_per_cycle: Optional[float] = None
     depth: Optional[object] = None
     mtp_active: Optional[bool] = None
+    prefilled_tokens: Optional[int] = None   # prompt tokens this lane ran itself (the rest: prefix cache)
     points: List[Tuple[float, int]] = field(default_factory=list)  # (own clock, tokens)
 
 
