@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from .api_errors import ApiError, bad_request
+from .inputs import clean_text
 from .params import ParamError, RunParams, parse_params
 
 MAX_STOPS = 8
@@ -49,7 +49,6 @@ CHAT_FIELDS = SAMPLING | {"messages", "tools", "tool_choice", "response_format",
                           "chat_template_kwargs"}
 COMPLETION_FIELDS = SAMPLING | {"prompt"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -64,7 +63,6 @@ class ApiRequest:
     tools: Optional[List[dict]] = None
     enable_thinking: Optional[bool] = None
     prompt: Optional[str] = None                 # completions: the text to continue
-    extensions: dict = field(default_factory=dict)
 
 
 def loads(raw: bytes) -> dict:
@@ -83,11 +81,6 @@ def loads(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.", code="invalid_json")
     return body
-
-
-def clean_text(s: str) -> str:
-    """Lone surrogates (valid JSON escapes, invalid text) -> U+FFFD."""
-    return _SURROGATES.sub("\ufffd", s)
 
 
 # --- typed field readers --------------------------------------------------------------
@@ -216,9 +209,8 @@ def parse_common(body: dict, allowed: set, settings, max_depth: int, max_tokens_
         raise bad_request("'model' must be a string.", "model")
     params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
     stream, include_usage = parse_stream(body)
-    ext = {"mode": mode, "depth": params.depth}
     return ApiRequest(params=params, mode=mode, stream=stream, include_usage=include_usage,
-                      stops=parse_stops(body), model=model, extensions=ext)
+                      stops=parse_stops(body), model=model)
 
 
 # --- chat completions --------------------------------------------------------------------
