@@ -1,0 +1,72 @@
+"""Thinking text: the streaming splitter, and stop strings / EOS inside the reasoning."""
+import pytest
+
+from adapters import load_adapter
+from core import SamplerConfig, SpeculativeDecoder, ThinkSplitter, chat_prompt, opens_thinking, split_reply
+
+
+def pieces(text_chunks, inside=False):
+    s = ThinkSplitter(inside)
+    out = []
+    for c in text_chunks:
+        out += s.feed(c)
+    out += s.flush()
+    merged = []
+    for kind, t in out:
+        if merged and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + t)
+        else:
+            merged.append((kind, t))
+    return merged
+
+
+@pytest.mark.parametrize("chunks", [
+    ["<think>\nplan it\n</think>\n\nThe answer."],
+    ["<thi", "nk>\nplan", " it\n</th", "ink>", "\n\nThe", " answer."],          # tags split across chunks
+    list("<think>\nplan it\n</think>\n\nThe answer."),                          # one character at a time
+])
+def test_tags_split_anywhere_give_the_same_pieces(chunks):
+    assert pieces(chunks) == [("reasoning", "plan it\n"), ("content", "The answer.")]
+
+
+def test_reply_that_starts_inside_the_block_and_partial_tags_at_the_end():
+    assert pieces(["plan\n</think>\n\nok"], inside=True) == [("reasoning", "plan\n"), ("content", "ok")]
+    assert pieces(["no thinking here <thin"]) == [("content", "no thinking here <thin")]   # held, then flushed
+    assert pieces(["still thinking"], inside=True) == [("reasoning", "still thinking")]  # EOS inside the block
+    assert split_reply("a</think>b", inside=True) == ("a", "b")
+    assert split_reply("plain") == ("", "plain")
+
+
+def test_opens_thinking_reads_the_generation_prompt():
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not opens_thinking("<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def thinking(tiny_checkpoint):
+    return load_adapter(tiny_checkpoint(template="qwen3_5"))
+
+
+def test_stop_strings_apply_to_the_answer_not_the_reasoning(thinking):
+    ad = thinking
+    prompt = chat_prompt(ad, [{"role": "user", "content": "Hello"}])
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=0)
+    for seed in range(300):   # a reply that closes its thinking, then answers
+        ids, _ = SpeculativeDecoder(ad, sampler=sampler, seed=seed, depth=2).generate(prompt, max_tokens=40)
+        text = ad.tokenizer.decode(ids)
+        reasoning, answer = split_reply(text, inside=True)
+        if text.count("</think>") == 1 and len(reasoning) > 3 and len(answer) > 6:
+            break
+    else:
+        pytest.fail("no seed closes the thinking block")
+    in_reasoning = text[: text.index("</think>")][1:4]
+    in_answer = text[text.index("</think>") + len("</think>"):].lstrip()[2:5]
+    lane = SpeculativeDecoder(ad, sampler=sampler, seed=seed, depth=2)
+    out = "".join(e.text for e in lane.stream(prompt, max_tokens=40, stop_strings=[in_reasoning], thinking=True))
+    if in_reasoning not in text[text.index("</think>"):]:
+        assert out == text                            # a stop string inside the reasoning does not stop
+    events = list(lane.stream(prompt, max_tokens=40, stop_strings=[in_answer], thinking=True))
+    out = "".join(e.text for e in events)
+    assert events[-1].finish_reason == "stop_string"
+    assert "</think>" in out and out == text[: text.index(in_answer, text.index("</think>"))]
