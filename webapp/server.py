@@ -132,7 +132,7 @@ def api_policy(host: str, auth, api_key: Optional[str]) -> Tuple[bool, str]:
     if auth is not None:
         return False, "the app requires a password (--auth) and no API key was set; restart with --api-key KEY."
     if not is_loopback(host):
-        return False, "the app listens on the network (--lan) and no API key was set; restart with --api-key KEY."
+        return False, "the app listens on the network (--lan or --host) and no API key was set; restart with --api-key KEY."
     return True, ""
 
 
