@@ -103,6 +103,17 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
     return Prefilled(logits[:, -1], h_last, start, L - start)
 
 
+def _partial_match(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest end of `text` that begins some stop string (0 if none)."""
+    longest = 0
+    for stop in stop_strings:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if stop.startswith(text[-k:]):
+                longest = k
+                break
+    return longest
+
+
 def cache_prompt(adapter, prompt: Prompt, prefix_cache, stop: Optional[threading.Event] = None) -> int:
     """Prefill all but the prompt's last token into `prefix_cache` (a snapshot there), so that
     lanes started on this prompt afterwards all start from the same state; returns the tokens
@@ -214,6 +225,11 @@ class Lane:
                     if hits:
                         new_text = full[: min(hits)][len(text_so_far):]
                         reason = "stop_string"
+                    elif reason is None:
+                        # Hold back a tail that may be the start of a stop string: once sent,
+                        # text cannot be taken back if the next tokens complete the match.
+                        hold = _partial_match(full[max(since, len(text_so_far)):], stop_strings)
+                        new_text = full[len(text_so_far): len(full) - hold]
                 text_so_far += new_text
                 now = clock.now()
                 if first and tokens:

@@ -70,3 +70,20 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(thinking):
     out = "".join(e.text for e in events)
     assert events[-1].finish_reason == "stop_string"
     assert "</think>" in out and out == text[: text.index(in_answer, text.index("</think>"))]
+
+
+def test_no_text_of_a_stop_string_is_sent_before_the_match_completes(thinking):
+    """A stop string split across events: the part before the match must not leak out."""
+    ad = thinking
+    prompt = chat_prompt(ad, [{"role": "user", "content": "Hello"}], enable_thinking=False)
+    sampler = SamplerConfig(temperature=0)
+    text = "".join(e.text for e in SpeculativeDecoder(ad, sampler=sampler, depth=1).stream(prompt, max_tokens=40))
+    stop = text[10:22]                          # long enough to span several tokens
+    events = list(SpeculativeDecoder(ad, sampler=sampler, depth=1).stream(prompt, max_tokens=40, stop_strings=[stop]))
+    sent = ""
+    for e in events:
+        sent += e.text
+        assert stop not in sent and text.startswith(sent)
+    assert sent == text[: text.index(stop)] and events[-1].finish_reason == "stop_string"
+    # every streamed piece so far is a prefix of the final text, never more
+    assert all(text.startswith("".join(e.text for e in events[:i])) for i in range(len(events)))
