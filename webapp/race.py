@@ -222,10 +222,12 @@ class RaceHandlers:
                 summary["speedup"] = speed
                 summary["ar"], summary["mtp"] = lane_summary(ar), lane_summary(mtp)
                 summary["finished"] = bool(snap.final and run == n_runs - 1)
+                # Ctrl+C / SIGTERM on the server (webapp/server.py): say so, not just "stopped"
+                shown = f"{self.stops.closing} {note}" if self.stops.closing else note
                 yield (
                     lane_html(ar),
                     lane_html(mtp, coloured=True, legend=True),
-                    race_stats_html(ar, mtp, speed, runs, n_runs, note),
+                    race_stats_html(ar, mtp, speed, runs, n_runs, shown),
                     chart_svg([("AR", LANE_COLORS["ar"], ar.points), ("MTP", LANE_COLORS["mtp"], mtp.points)]),
                     dict(summary),
                 )
