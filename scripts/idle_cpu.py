@@ -8,6 +8,7 @@ Playwright (as in the browser tests); the browser's own CPU is not counted.
 
     python scripts/idle_cpu.py                      # demo model, 60 s per window
     python scripts/idle_cpu.py --model DIR --seconds 30
+    python scripts/idle_cpu.py --gradio-polling     # as before webapp/idle.py: Gradio's 1 ms loop
 """
 from __future__ import annotations
 
@@ -38,8 +39,16 @@ def busy_percent(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
-def start_server(model: str, port: int, warmup: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "webapp", "--port", str(port)] + (["--model", model] if model else [])
+# `python -m webapp`, optionally with webapp/idle.py's calm_queue turned off first
+RUN_APP = ("import sys, webapp.idle\n"
+           "if sys.argv[1] == 'gradio-polling': webapp.idle.calm_queue = lambda demo: None\n"
+           "from webapp.cli import main\n"
+           "raise SystemExit(main(sys.argv[2:]))")
+
+
+def start_server(model: str, port: int, warmup: bool, gradio_polling: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", RUN_APP, "gradio-polling" if gradio_polling else "calm", "--port", str(port)]
+    cmd += ["--model", model] if model else []
     cmd += [] if warmup else ["--no-warmup"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("MTP_CHAT_AUTH", None)
@@ -64,10 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="length of each window (default 60)")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds to wait before each window")
     ap.add_argument("--no-warmup", action="store_true", help="start the server with --no-warmup")
+    ap.add_argument("--gradio-polling", action="store_true",
+                    help="leave Gradio's queue polling as it is (the figure before webapp/idle.py)")
     args = ap.parse_args(argv)
 
     port = free_port()
-    proc = start_server(args.model, port, not args.no_warmup)
+    proc = start_server(args.model, port, not args.no_warmup, args.gradio_polling)
     try:
         time.sleep(args.settle)
         alone = busy_percent(proc.pid, args.seconds)

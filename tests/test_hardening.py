@@ -122,6 +122,13 @@ def test_respond_refuses_a_history_the_page_could_not_send(app, history, why):
 
 
 def test_the_page_refuses_an_empty_message_before_the_queue(chat):
+    """The page's checks stop the chain (an error) and say why in a warning, not an error
+    that would cover the conversation; the instant steps refuse too (direct calls)."""
+    with pytest.warns(UserWarning, match="Type a message"), pytest.raises(gr.Error) as err:
+        chat.check_message("  ", request=Req("s2"))
+    assert not err.value.visible
+    with pytest.warns(UserWarning, match="Nothing to regenerate"), pytest.raises(gr.Error):
+        chat.check_regenerate([{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}])
     with pytest.raises(gr.Error, match="Type a message"):
         chat.submit("  ", [], request=Req("s2"))
     with pytest.raises(gr.Error, match="Nothing to regenerate"):

@@ -4,13 +4,14 @@ Gradio's Chatbot renders every message as markdown and then HTML (sanitised: no 
 event handlers, but ``<b>`` is bold and ``<div>`` vanishes), and 6.31 has no per-message
 switch: even ``render_markdown=False`` still parses the text as HTML. So the user's text
 is escaped for markdown on its way to the browser (:func:`shown`) and unescaped on its way
-back (:func:`typed`), inside the component: the handlers, the saved history and API
-clients deal in the text as typed.
+back (:func:`typed`), in the component's own pre/postprocess: the handlers, the prompt and
+the saved history hold the text as typed.
 
-An API client sends the text as typed, not escaped; :func:`typed` takes a text back only
-when it is exactly what :func:`shown` makes of its unescaped form, so a typed text is
-left alone unless it is already a complete, consistent escape (text without markdown
-characters is the same either way).
+What leaves the component is the escaped form: the browser's copy button and /respond's
+output show a user's ``<b>`` as ``\<b>`` (text without markdown characters is the same
+either way). An API client sends the text as typed; :func:`typed` takes a text back only
+when it is exactly what :func:`shown` makes of its unescaped form, so typed text is left
+alone unless it is already a complete, consistent escape, and output fed back is read right.
 """
 from __future__ import annotations
 

@@ -41,10 +41,10 @@ def _refusing(preprocess, name: str):
         except gr.Error as exc:
             if not exc.print_exception:    # already a refusal
                 raise
-            raise refusal(f"{name}: {exc.message}", exc.title, where=f"input '{name}'") from None
+            raise refusal(f"{name}: {exc.message}", exc.title, where="input") from None
         except (TypeError, ValueError) as exc:   # a value of the wrong kind, from an API client
             shown = repr(payload)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise refusal(f"'{name}' cannot take {shown}: {exc}", "Invalid input", where=f"input '{name}'") from None
+            raise refusal(f"'{name}' cannot take {shown}: {exc}", "Invalid input", where="input") from None
 
     return checked
