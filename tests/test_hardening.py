@@ -167,6 +167,7 @@ def test_refusals_log_one_line_and_no_traceback(app, capfd, caplog):
         ("/race", ("What?", 99, 0.6, 0.95, 20, 0.0, 10, 0, "1")),                    # repeats 99 (Gradio's check)
         ("/respond", (user("x"), "mtp", "", 9.0, 1.0, 0, 0.0, 10, 0, "1")),          # beyond the slider
         ("/respond", (user("x"), "mtp", "", 0.6, 1.0, 0, 0.0, 10, "abc", "1")),      # not a number
+        ("/respond", ([{"role": "user", "content": "hi"}],) + GREEDY_ARGS),          # content not as blocks
     ]
     with caplog.at_level(logging.WARNING, logger="mtp_chat"):
         for api_name, args in bad:
@@ -180,6 +181,7 @@ def test_refusals_log_one_line_and_no_traceback(app, capfd, caplog):
     assert "top_p" in refusals[0].getMessage() and "history is empty" in refusals[1].getMessage()
     assert "Repeat N times" in refusals[2].getMessage() and "20" in refusals[2].getMessage()
     assert "Temperature" in refusals[3].getMessage() and "'abc'" in refusals[4].getMessage()
+    assert "0.content" in refusals[5].getMessage()
 
 
 # --- 7. the idle server does not poll every millisecond --------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import gradio as gr
+from pydantic import ValidationError
 
 log = logging.getLogger("mtp_chat")
 
@@ -26,12 +27,31 @@ def refusal(message: str, title: str = "Invalid input", *, where: str = "request
 
 def quiet_input_errors(demo) -> None:
     """Gradio's own checks of a client's values (a slider's bounds, a dropdown's choices, a
-    number that is not one) fail in the input component's preprocess, with a traceback:
-    make them refusals too, on every input of ``demo``."""
+    number that is not one, a history not shaped as messages) fail in the input component's
+    data model or preprocess, with a traceback: make them refusals too, on every input of
+    ``demo``."""
     inputs = {id(b): b for fn in demo.fns.values() for b in fn.inputs}
     for component in inputs.values():
-        name = getattr(component, "label", None) or getattr(component, "elem_id", None) or type(component).__name__
-        component.preprocess = _refusing(component.preprocess, str(name))
+        name = str(getattr(component, "label", None) or getattr(component, "elem_id", None)
+                   or type(component).__name__)
+        component.preprocess = _refusing(component.preprocess, name)
+        if getattr(component, "data_model", None) is not None:
+            component.data_model = _refusing_model(component.data_model, name)
+
+
+def _refusing_model(model, name: str):
+    """``model`` whose validation failure is a refusal (same name: the API schema is unchanged)."""
+    def model_validate(cls, obj, **kwargs):
+        try:
+            return model.model_validate.__func__(cls, obj, **kwargs)
+        except ValidationError as exc:
+            first = exc.errors()[0] if exc.errors() else {}
+            where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+            raise refusal(f"'{name}' is not in the expected shape: at {where}: {first.get('msg', exc)}.",
+                          "Invalid input", where="input") from None
+
+    return type(model.__name__, (model,), {"model_validate": classmethod(model_validate),
+                                           "__module__": model.__module__})
 
 
 def _refusing(preprocess, name: str):
