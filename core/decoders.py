@@ -14,6 +14,7 @@ from .stream import Lane
 
 class AutoregressiveDecoder(Lane):
     mode = "ar"
+    needs_head = False
 
     def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0, prefix_cache=None):
         super().__init__(adapter, sampler, seed, prefix_cache)

@@ -79,7 +79,7 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
     """
     ids, L = prompt.ids, len(prompt.ids)
     start, h_last = 0, None
-    snap = prefix_cache.lookup(ids) if prefix_cache is not None else None
+    snap = prefix_cache.lookup(ids) if prefix_cache is not None and mtp_cache is not None else None
     if snap is not None:
         h_last, start = restore(snap, cache, mtp_cache), snap.length
     tokens = mx.array(ids, dtype=mx.int32)
@@ -93,11 +93,11 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
         logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False)
         # Head entries for positions a-1 .. b-2: (hidden n, token n+1).
         hs = hidden[:, :-1] if h_last is None else mx.concatenate([h_last, hidden[:, :-1]], axis=1)
-        if hs.shape[1]:
+        if mtp_cache is not None and hs.shape[1]:
             adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] : b], mtp_cache, fast=False)
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
-        mx.eval(h_last, logits, [c.state for c in cache], mtp_cache.state)  # bound the graph per chunk
-        if prefix_cache is not None and b in prompt.marks:
+        mx.eval(h_last, logits, [c.state for c in cache], mtp_cache.state if mtp_cache is not None else [])  # bound the graph per chunk
+        if prefix_cache is not None and mtp_cache is not None and b in prompt.marks:
             prefix_cache.store(take(ids[:b], cache, mtp_cache, h_last))
         a = b
     return Prefilled(logits[:, -1], h_last, start, L - start)
@@ -152,9 +152,13 @@ class Lane:
     def _make_caches(self):
         return self.adapter.make_cache(), self.adapter.make_mtp_cache()
 
+    needs_head = True  # the MTP head's history of the prompt; the AR lane needs it only for snapshots
+
     def _prefill(self, prompt: Prompt, stats: GenerationStats, stop) -> Tuple[list, object, Prefilled]:
         """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
         cache, mtp_cache = self._make_caches()
+        if not self.needs_head and self.prefix_cache is None:
+            mtp_cache = None   # nothing will read it: AR's first token does not wait for the head
         done = prefill(self.adapter, prompt, cache, mtp_cache, self.prefix_cache, stop)
         stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
         return cache, mtp_cache, done
