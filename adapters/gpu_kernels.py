@@ -37,32 +37,38 @@ GDN_MAX_T = 8
 # mma k-slot order is free as long as A and B agree; for 4-bit, slot pairs are the nibbles
 # (i, i+4) of a word, which one shift and one mask turn into two bf16 numbers (128 + q, a
 # trick from Marlin), and x is permuted to match with byte_perm.
-QMM_HEADER = r"""
-template <typename T> struct QmmTraits;
-template <> struct QmmTraits<__nv_bfloat16> {
-  typedef __nv_bfloat162 T2;
-  static constexpr uint32_t MAGIC = 0x43004300u;  // bf16 128.0 twice: 0x4300 | q == 128 + q
-  __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }
-  __device__ static T2 pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  __device__ static T2 pair(__nv_bfloat16 s) { return __bfloat162bfloat162(s); }
+#
+# One traits struct per activation type (the magic number that turns a nibble into 128 + q
+# or 1024 + q, the pair/pack conversions, the mma's type suffix), written once.
+_QMM_TRAITS = r"""
+template <> struct QmmTraits<@T@> {
+  typedef @T2@ T2;
+  static constexpr uint32_t MAGIC = @MAGIC@;  // @WHY@
+  __device__ static T2 magic() { return @PACK@(@BASE@, @BASE@); }
+  __device__ static T2 pack(float a, float b) { return @PACK@(a, b); }
+  __device__ static T2 pair(@T@ s) { return @PAIR@(s); }
   __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-};
-template <> struct QmmTraits<__half> {
-  typedef __half2 T2;
-  static constexpr uint32_t MAGIC = 0x64006400u;  // fp16 1024.0 twice: 0x6400 | q == 1024 + q
-  __device__ static T2 magic() { return __floats2half2_rn(1024.0f, 1024.0f); }
-  __device__ static T2 pack(float a, float b) { return __floats2half2_rn(a, b); }
-  __device__ static T2 pair(__half s) { return __half2half2(s); }
-  __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+};"""
+
+
+def _traits(**names) -> str:
+    out = _QMM_TRAITS
+    for k, v in names.items():
+        out = out.replace(f"@{k}@", v)
+    return out
+
+
+QMM_HEADER = "\ntemplate <typename T> struct QmmTraits;" + _traits(
+    T="__nv_bfloat16", T2="__nv_bfloat162", MAGIC="0x43004300u", WHY="bf16 128.0 twice: 0x4300 | q == 128 + q",
+    PACK="__floats2bfloat162_rn", BASE="128.0f", PAIR="__bfloat162bfloat162", MMA="bf16",
+) + _traits(
+    T="__half", T2="__half2", MAGIC="0x64006400u", WHY="fp16 1024.0 twice: 0x6400 | q == 1024 + q",
+    PACK="__floats2half2_rn", BASE="1024.0f", PAIR="__half2half2", MMA="f16",
+) + r"""
 
 template <typename T2> __device__ __forceinline__ uint32_t qmm_bits(T2 v) {
   return *reinterpret_cast<uint32_t*>(&v);

@@ -129,6 +129,7 @@ class Qwen35Adapter:
         """Commit only the first `keep` positions of a captured verify pass."""
         drop = captured.width - keep
         if drop == 0:
+            captured.gdn.clear()
             return
         for i, c in enumerate(cache):
             if i in captured.gdn:
@@ -138,6 +139,9 @@ class Qwen35Adapter:
                 c[1] = states[keep - 1]
             else:
                 c.trim(drop)
+        # The states not kept go now: a caller's reference to `captured` lives into the next
+        # verify, and would hold every position's state through it (peak memory, issue 14).
+        captured.gdn.clear()
 
     # -- MTP head -------------------------------------------------------------------------
     @gpu_decode.kernels_on

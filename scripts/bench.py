@@ -11,6 +11,7 @@ time after the first) and the report gives medians and ratios.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
         order = names[r % len(names):] + names[: r % len(names)]
         ids = encoded[r % len(encoded)]
         for name in order:
+            gc.collect()  # the previous lane's caches must not count towards this one's peak
             mx.reset_peak_memory()  # peak of this run alone (weights included)
             runs[name].append({**lanes[name](ids, r), "peak_memory_bytes": mx.get_peak_memory()})
         line = "  ".join(f"{n} {runs[n][-1]['tokens_per_second']:.1f} tok/s" for n in names)

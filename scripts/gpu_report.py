@@ -51,20 +51,51 @@ def costs_of(benches: list) -> dict:
     }
 
 
-def projection(costs: dict) -> dict:
+def lane_cycle_cost(b: dict) -> float:
+    """A cycle's cost in AR steps as the lanes ran it: tokens per cycle x AR speed / MTP speed."""
+    return b["mtp"]["tokens_per_cycle"] * b["ar"]["tokens_per_second"] / b["mtp"]["tokens_per_second"]
+
+
+def projection(costs: dict, benches: list) -> dict:
+    """Expected tokens per cycle at the Qwythos acceptance over three cycle costs: the parts
+    (verify of D+1 + D MTP steps), the lanes' own speeds at this depth, and core.costs'
+    whole-cycle timing. The projection is the lower of the first two."""
     out = {"label": "PROJECTION, not a measurement: expected tokens per cycle at the Qwythos "
-                    "per-depth acceptance 0.93/0.90/0.85 over the whole-cycle cost measured here "
-                    "(random weights: nearly every draft rejected, so cycles are timed as rejections)",
+                    "per-depth acceptance 0.93/0.90/0.85 over cycle costs measured here with random "
+                    "weights (nearly every draft rejected). Conservative: the lower of the parts "
+                    "and the lanes' own cycle cost.",
            "acceptance": QWYTHOS_ACCEPTANCE, "by_depth": {}}
+    lanes = {str(b["mtp"]["depth"]): lane_cycle_cost(b) for b in benches}
     for d in ("1", "2", "3"):
-        if d in costs["cycle"]:
-            tokens = expected_tokens(QWYTHOS_ACCEPTANCE, int(d))
-            out["by_depth"][d] = {"expected_tokens_per_cycle": tokens,
-                                  "speedup_whole_cycle": tokens / costs["cycle"][d],
-                                  "speedup_from_parts": tokens / costs["cycle_from_parts"][d]}
-    best = max(out["by_depth"].items(), key=lambda kv: kv[1]["speedup_whole_cycle"])
-    out["best_depth"], out["best_speedup"] = int(best[0]), best[1]["speedup_whole_cycle"]
+        if d not in costs["cycle_from_parts"]:
+            continue
+        tokens = expected_tokens(QWYTHOS_ACCEPTANCE, int(d))
+        row = {"expected_tokens_per_cycle": tokens,
+               "cycle_cost_parts": costs["cycle_from_parts"][d],
+               "speedup_from_parts": tokens / costs["cycle_from_parts"][d],
+               "cycle_cost_whole_cycle_timing": costs["cycle"].get(d)}
+        if d in lanes:
+            row["cycle_cost_lanes"] = lanes[d]
+            row["speedup_from_lanes"] = tokens / lanes[d]
+        row["speedup"] = min(row["speedup_from_parts"], row.get("speedup_from_lanes", float("inf")))
+        # core.costs' whole-cycle timing is reported, not used, where it comes out below the
+        # verify alone: then it disagrees with the lanes' own speeds (seen on the H200).
+        whole = costs["cycle"].get(d)
+        row["whole_cycle_timing_plausible"] = whole is not None and whole >= costs["verify_width"][str(int(d) + 1)]
+        out["by_depth"][d] = row
+    best = max(out["by_depth"].items(), key=lambda kv: kv[1]["speedup"])
+    out["best_depth"], out["best_speedup"] = int(best[0]), best[1]["speedup"]
     return out
+
+
+def memory(benches: list) -> dict:
+    """Peak memory per depth, MTP over AR of the same run (each lane's own peak, weights in)."""
+    by = {str(b["mtp"]["depth"]): {"ar_gib": b["ar"]["peak_memory_bytes"] / 2**30,
+                                   "mtp_gib": b["mtp"]["peak_memory_bytes"] / 2**30,
+                                   "mlx_lm_gib": b.get("mlx_lm", {}).get("peak_memory_bytes", 0) / 2**30,
+                                   "mtp_over_ar": b["mtp"]["peak_memory_bytes"] / b["ar"]["peak_memory_bytes"]}
+          for b in benches if b["ar"].get("peak_memory_bytes")}
+    return {"by_depth": by, "worst_mtp_over_ar": max(v["mtp_over_ar"] for v in by.values()) if by else None}
 
 
 def main(argv=None) -> int:
@@ -72,31 +103,35 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--check", default=None, help="gpu_check.py JSON (default DIR/check.json)")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's notes")
     a = ap.parse_args(argv)
     d = Path(a.dir)
     commit = a.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     benches = [b for b in (load(d / f"bench_d{i}.json") for i in (1, 2, 3)) if b]
     check, off, demo, nan = (load(d / n) for n in ("check.json", "bench_off_d2.json", "demo.json", "nan.json"))
+    if a.check:
+        check = load(Path(a.check))
     rep = {"measured_commit": commit, "issue": 14,
            "platform": (check or {}).get("platform") or (benches[0]["platform"] if benches else None),
            "checkpoint": "Qwythos-9B shape, random weights, 4-bit g64 trunk and head, bf16 "
                          "(scripts/gpu_make_checkpoint.py)",
-           "sampler": "T=0 (greedy), 128 tokens, 'Define the word harbor.'"}
+           "sampler": "T=0 (greedy), 128 tokens, 'Define the word harbor.'", "notes": a.note}
     if benches:
         rep["mlx"] = benches[0]["platform"].get("mlx")
         costs = costs_of(benches)
-        ar = statistics.median(b["ar"].get("peak_memory_bytes", 0) for b in benches)
-        mtp = max(b["mtp"].get("peak_memory_bytes", 0) for b in benches)
         rep["costs_in_ar_steps"] = costs
-        rep["projection"] = projection(costs)
-        rep["peak_memory_gib"] = {"ar": ar / 2**30, "mtp": mtp / 2**30,
-                                  "mtp_over_ar": mtp / ar if ar else None}
+        rep["projection"] = projection(costs, benches)
+        rep["peak_memory"] = memory(benches)
+        rep["greedy_mtp_equals_ar_in_bench"] = {
+            str(b["mtp"]["depth"]): b["ar"]["sample_text"] == b["mtp"]["sample_text"] and b["ar"]["tokens"] == b["mtp"]["tokens"]
+            for b in benches}
         rep["ar_vs_mlx_lm"] = statistics.median(b["ar_vs_mlx_lm"] for b in benches if "ar_vs_mlx_lm" in b)
         rep["runs"] = {f"depth_{b['mtp']['depth']}": lane_summary(b) for b in benches}
         v = costs["verify_width"]
         measured = {"verify_2": v.get("2"), "verify_3": v.get("3"), "verify_4": v.get("4"),
                     "mtp_step": costs["mtp_step"], "projected_speedup_best": rep["projection"]["best_speedup"],
-                    "ar_vs_mlx_lm": rep["ar_vs_mlx_lm"], "mtp_peak_memory_over_ar": rep["peak_memory_gib"]["mtp_over_ar"]}
+                    "ar_vs_mlx_lm": rep["ar_vs_mlx_lm"], "mtp_peak_memory_over_ar": rep["peak_memory"]["worst_mtp_over_ar"]}
         rep["targets"] = {k: {"target": t, "measured": measured[k],
                               "met": measured[k] is not None and (measured[k] >= t if k in ("projected_speedup_best", "ar_vs_mlx_lm") else measured[k] <= t)}
                           for k, t in TARGETS.items()}
@@ -109,7 +144,7 @@ def main(argv=None) -> int:
     if nan:
         rep["nonfinite_h1024_l16"] = nan
     Path(a.json).write_text(json.dumps(rep, indent=2))
-    show = {k: rep.get(k) for k in ("mlx", "costs_in_ar_steps", "peak_memory_gib", "ar_vs_mlx_lm")}
+    show = {k: rep.get(k) for k in ("mlx", "costs_in_ar_steps", "peak_memory", "ar_vs_mlx_lm")}
     show["projection"] = {k: rep.get("projection", {}).get(k) for k in ("best_depth", "best_speedup")}
     show["targets_met"] = {k: t["met"] for k, t in rep.get("targets", {}).items()}
     print(json.dumps(show, indent=1))
