@@ -23,13 +23,17 @@ class MTPHead(nn.Module):
         self.layers = [DecoderLayer(args, layer_idx=args.full_attention_interval - 1)]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
 
-    def __call__(self, hidden: mx.array, embedding: mx.array, cache: Optional[Any]) -> mx.array:
-        """hidden, embedding: [B, T, H] -> g = norm(layer(fc(...))): [B, T, H], the input of lm_head."""
+    def __call__(self, hidden: mx.array, embedding: mx.array, cache: Optional[Any], attend=None) -> mx.array:
+        """hidden, embedding: [B, T, H] -> g = norm(layer(fc(...))): [B, T, H], the input of lm_head.
+        `attend(layer, x, cache)` runs the layer instead of its own call (adapters.cpu_prefill)."""
         e = self.pre_fc_norm_embedding(embedding)
         h = self.pre_fc_norm_hidden(hidden)
         x = self.fc(mx.concatenate([e, h] if self.embedding_first else [h, e], axis=-1))
         mask = create_attention_mask(x, cache)
-        x = self.layers[0](x, mask=mask, cache=cache)
+        if attend is not None and cache is not None and mask in (None, "causal"):
+            x = attend(self.layers[0], x, cache)
+        else:
+            x = self.layers[0](x, mask=mask, cache=cache)
         return self.norm(x)
 
 

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 from mlx_lm.models.qwen3_5 import TextModelArgs
 
-from . import cpu_decode, gpu_decode, sidecar
+from . import cpu_decode, cpu_prefill, gpu_decode, sidecar
 from .checkpoint import text_config
 from .contract import MTPContract
 from .cpu_layout import to_row_major
@@ -119,6 +119,8 @@ class Qwen35Adapter:
                     captured.gdn[i] = kept
                 h = h + r
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
+            elif self._fast is not None and not layer.is_linear and fa_mask in (None, "causal"):
+                h = cpu_prefill.attention_layer(layer, h, c)  # long forwards on the CPU (see cpu_prefill)
             else:
                 h = layer(h, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
         post = inner.norm(h)
@@ -153,7 +155,8 @@ class Qwen35Adapter:
         embedding = self.inner.embed_tokens(next_tokens)
         if fast and self._few_tokens(hidden.shape):
             return self._fast.head(hidden.reshape(hidden.shape[1:]), embedding.reshape(embedding.shape[1:]), mtp_cache)[None]
-        return self.head(hidden, embedding, mtp_cache)
+        return self.head(hidden, embedding, mtp_cache,
+                         attend=cpu_prefill.attention_layer if self._fast is not None else None)
 
     def describe(self) -> str:
         c = self.contract

@@ -1,6 +1,6 @@
 """The decoding engine: an exact MTP speculative lane and a matching autoregressive lane."""
 from .acceptance import residual, verify_drafts
-from .chat import chat_prompt, chat_prompt_ids, padded_chat_prompt
+from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prompt
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
 from .reasoning import ThinkSplitter, opens_thinking, split_reply
@@ -14,6 +14,6 @@ __all__ = [
     "AutoregressiveDecoder", "SpeculativeDecoder", "SamplerConfig", "GenerationStats", "StreamEvent",
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
     "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
-    "chat_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
+    "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
     "context_window", "ThinkSplitter", "opens_thinking", "split_reply",
 ]

@@ -72,6 +72,14 @@ def chat_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thinkin
     return Prompt(tuple(ids), tuple(sorted(set(marks))))
 
 
+def history_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> Prompt:
+    """The conversation as the next turn's prompt will begin (no generation prompt; the
+    template drops earlier thinking as it always does), marked at its end."""
+    ids = render(adapter, normalize_messages(messages), add_generation_prompt=False, tools=tools,
+                 enable_thinking=enable_thinking)
+    return Prompt(tuple(ids), (len(ids),))
+
+
 def chat_prompt_ids(adapter, messages: List[dict], add_generation_prompt: bool = True) -> List[int]:
     if add_generation_prompt:
         return list(chat_prompt(adapter, messages).ids)

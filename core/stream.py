@@ -129,6 +129,17 @@ def cache_prompt(adapter, prompt: Prompt, prefix_cache, stop: Optional[threading
     return len(head.ids)
 
 
+def cache_history(adapter, history: Prompt, prefix_cache) -> int:
+    """Snapshot the state after a conversation as the next turn's prompt will begin
+    (core.chat.history_prompt: the template's rendering, reply included, thinking dropped), so
+    that the next turn prefills only its new message. Run after a reply, in idle time; it
+    prefills from the longest snapshot there is (the one before this reply's generation
+    prompt). Returns the tokens snapshotted."""
+    ids = tuple(history.ids)
+    prefill(adapter, Prompt(ids, (len(ids),)), adapter.make_cache(), adapter.make_mtp_cache(), prefix_cache)
+    return len(ids)
+
+
 class Lane:
     """Base of both decoders: `stream` wraps the lane's `_steps` generator.
 

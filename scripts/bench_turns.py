@@ -4,8 +4,9 @@ the cache's memory over many conversations.
 
     python scripts/bench_turns.py --model models/demo --turns 10 --json turns.json
 
-Per turn: prompt tokens, tokens restored from the cache, tokens prefilled, prefill seconds,
-time to first token, decode tok/s and acceptance. The conversation is greedy, so both runs see
+The with-cache run does what the app does: after each reply, the conversation is snapshotted as
+the next turn will begin (in idle time, timed apart as history_snapshot_seconds). Per turn: prompt tokens, tokens restored from the cache, tokens prefilled, and the medians over
+--repeats runs of prefill seconds, time to first token and decode tok/s. The conversation is greedy, so both runs see
 the same prompts and replies (the cache changes no token; tests/test_prefix_cache.py).
 Then --conversations different conversations of --conversation-turns turns run through one
 cache with a --budget-mb budget; the cache's size is read after every reply.
@@ -15,16 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import runtime_info  # noqa: E402
-from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeDecoder, chat_prompt,  # noqa: E402
-                  split_reply)
+from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeDecoder, ThinkSplitter,  # noqa: E402
+                  chat_prompt, history_prompt, opens_thinking)
 from core.chat import FILLER  # noqa: E402
+from core.stream import cache_history  # noqa: E402
 
 QUESTIONS = [line.strip() for line in
              (Path(__file__).parent / "demo_model" / "heldout_prompts.txt").read_text().splitlines() if line.strip()]
@@ -49,12 +53,21 @@ def conversation(adapter, lane_of, turns: int, user_tokens: int, max_tokens: int
         msgs.append({"role": "user", "content": user_message(adapter, offset + t, user_tokens)})
         prompt = chat_prompt(adapter, msgs)
         ids, s = lane_of(cache).generate(prompt, max_tokens=max_tokens)
-        rows.append({"turn": t + 1, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
+        rows.append({"history_snapshot_seconds": 0.0, "turn": t + 1, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
                      "prefilled_tokens": s.prefilled_tokens, "prefill_seconds": s.prefill_seconds,
                      "time_to_first_token": s.time_to_first_token, "tokens": s.generated_tokens,
                      "tokens_per_second": s.tokens_per_second, "acceptance_rate": s.acceptance_rate,
                      "cache_bytes": cache.nbytes if cache is not None else 0})
-        msgs.append({"role": "assistant", "content": split_reply(adapter.tokenizer.decode(ids))[1]})
+        # The answer as the web app keeps it in the history (core.ThinkSplitter's content).
+        splitter = ThinkSplitter(inside=opens_thinking(adapter.tokenizer.decode(list(prompt.ids[-16:]))))
+        parts = splitter.feed(adapter.tokenizer.decode(ids)) + splitter.flush()
+        msgs.append({"role": "assistant", "content": "".join(t for kind, t in parts if kind == "content")})
+        if cache is not None:
+            # As the app does once a reply is out: snapshot the conversation as the next turn
+            # will begin (idle time, timed apart; the next turn's TTFT does not include it).
+            t0 = time.perf_counter()
+            cache_history(adapter, history_prompt(adapter, msgs), cache)
+            rows[-1]["history_snapshot_seconds"] = time.perf_counter() - t0
     return rows
 
 
@@ -70,6 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--conversations", type=int, default=50)
     ap.add_argument("--conversation-turns", type=int, default=3)
     ap.add_argument("--memory-budget-mb", type=float, default=8, help="cache budget for the many-conversations run")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each variant; per turn the median TTFT")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
@@ -84,8 +98,14 @@ def main(argv=None) -> int:
     conversation(adapter, lane_of, 2, 32, 8, PrefixCache(2**30))  # warm-up (compiles), untimed
     runs = {}
     for name in ("without_cache", "with_cache"):
-        cache = PrefixCache(int(a.budget_mb * 2**20)) if name == "with_cache" else None
-        runs[name] = conversation(adapter, lane_of, a.turns, a.user_tokens, a.max_tokens, cache)
+        tries = []
+        for _ in range(a.repeats):  # a fresh cache each time; greedy, so the same prompts every time
+            cache = PrefixCache(int(a.budget_mb * 2**20)) if name == "with_cache" else None
+            tries.append(conversation(adapter, lane_of, a.turns, a.user_tokens, a.max_tokens, cache))
+        runs[name] = [dict(rows[0], **{k: statistics.median(r[k] for r in rows) for k in
+                                        ("prefill_seconds", "time_to_first_token", "tokens_per_second",
+                                         "history_snapshot_seconds")})
+                      for rows in zip(*tries)]
         for r in runs[name]:
             print(f"{name} turn {r['turn']:2d}: prompt {r['prompt_tokens']:5d}, cached {r['cached_tokens']:5d}, "
                   f"prefilled {r['prefilled_tokens']:5d}, TTFT {r['time_to_first_token']:.3f} s, "

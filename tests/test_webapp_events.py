@@ -214,3 +214,16 @@ def test_race_prompt_too_long_for_the_context_is_refused(host):
     with pytest.raises(gr.Error, match="context"):
         list(race.race("word " * 3000, 1, 0.0, 1.0, 0, 0.0, 2000, 0, "1"))
     assert not race.stops.busy("local:race")
+
+
+def test_the_next_turn_reuses_the_reply_through_the_prefix_cache(host, chat):
+    from core import history_prompt
+
+    first = list(chat.respond(user("Tell me about the sea"), "mtp", "", max_tokens=30, **GREEDY))[-1]
+    host.worker.call(lambda: None)      # the reply's snapshot is queued behind the reply
+    history = first + [{"role": "user", "content": [{"type": "text", "text": "And the moon?"}]}]
+    second = list(chat.respond(history, "mtp", "", max_tokens=5, **GREEDY))[-1]
+    details = text_of(second[-1]["content"])
+    said = [m for m in first if not is_stats(m)]
+    reused = len(history_prompt(host.adapter, [{"role": m["role"], "content": text_of(m["content"])} for m in said]).ids)
+    assert f"{reused} from the prefix cache" in details, details

@@ -12,7 +12,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
-from typing import AsyncIterator, Callable, Optional
+from typing import AsyncIterator, Callable, List, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -191,6 +191,12 @@ class _Run:
         self.thinking = thinking
         self.engine_reason: Optional[str] = None
         self.stats: Optional[dict] = None
+        self.content: List[str] = []   # the answer as the client will send it back next turn
+
+    def shape(self, text: str):
+        deltas = self.shaper.feed(text)
+        self.content += [t for kind, t in deltas if kind == "content"]
+        return deltas
 
     async def pieces(self) -> AsyncIterator[Optional[Piece]]:
         """The decode's pieces; ``None`` every TICK while waiting (for the turn or a piece)."""
@@ -222,6 +228,16 @@ class _Run:
 
     def ending(self):
         deltas, calls = self.shaper.finish()
+        self.content += [t for kind, t in deltas if kind == "content"]
+        if self.reply.kind == "chat" and self.engine_reason in ("eos", "max_tokens", "stop_string", "stopped") \
+                and not self.cut_by_shutdown():
+            # The next turn's prompt will hold this reply: snapshot the conversation with it now
+            # (idle time), so that turn prefills only its new messages.
+            said = {"role": "assistant", "content": "".join(self.content)}
+            if calls:
+                said["tool_calls"] = [c.as_openai() for c in calls]
+            self.api.host.remember(list(self.req.messages) + [said], tools=self.req.tools,
+                                   enable_thinking=self.req.enable_thinking)
         finish = finish_reason(self.engine_reason, self.shaper.stopped, calls)
         mtp = figures(self.req.mode, self.req.params.depth, self.stats)
         return deltas, calls, finish, usage(len(self.prompt), self.stats), mtp
@@ -235,7 +251,7 @@ class _Run:
                     if await request.is_disconnected():   # closing pieces() stops the decode
                         raise ApiError(499, "The client went away.", code="client_closed")
                 if piece is not None:
-                    deltas += self.shaper.feed(piece.text)
+                    deltas += self.shape(piece.text)
         if self.cut_by_shutdown():
             raise ApiError(503, SHUTDOWN, code="server_shutdown")
         more, calls, finish, use, mtp = self.ending()
@@ -254,7 +270,7 @@ class _Run:
                             quiet_since = time.monotonic()
                             yield KEEPALIVE
                         continue
-                    for delta in self.shaper.feed(piece.text):
+                    for delta in self.shape(piece.text):
                         quiet_since = time.monotonic()
                         yield sse(reply.delta_chunk(delta))
         except ApiError as exc:

@@ -236,6 +236,9 @@ class ChatHandlers:
                 out.append(assistant(details, title=title, duration=round(s.get("compute_seconds") or 0.0, 3)))
             if self.stops.closing:   # Ctrl+C / SIGTERM on the server (webapp/server.py)
                 out.append(assistant(self.stops.closing, title="⏹ server shutting down"))
+            elif text and not fitted.dropped:   # the next turn then prefills only its new message
+                self.host.remember(prompt_messages(out, system_prompt),
+                                   enable_thinking=None if thinking is None else bool(thinking))
             yield out
         except gr.Error:
             raise

@@ -89,6 +89,25 @@ class ModelHost:
         stream.stop_event = stop
         return stream
 
+    def remember(self, messages: List[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> None:
+        """After a reply: snapshot the conversation, reply included, as the next turn's prompt will
+        begin (core.stream.cache_history), on the model thread behind what is queued, without
+        waiting. The next turn then prefills only its new message."""
+        if self.prefix_cache is None:
+            return
+        from core import history_prompt
+        from core.stream import cache_history
+
+        if enable_thinking is None:
+            enable_thinking = getattr(self.settings, "thinking", None)
+        try:
+            history = history_prompt(self.adapter, messages, tools=tools,
+                                     enable_thinking=enable_thinking if self.has_thinking else None)
+        except Exception:  # noqa: BLE001 - a history the template refuses is simply not cached
+            return
+        if len(history.ids) + 1 < self.context_length:
+            self.worker.later(cache_history, self.adapter, history, self.prefix_cache)
+
     def cache_prompt(self, prompt, stop=None) -> int:
         """Put all but the prompt's last token into the prefix cache (on the model thread), so
         that lanes started on it next (the race's) start from the same state; returns the

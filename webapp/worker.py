@@ -39,6 +39,12 @@ class ModelWorker:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 future.set_exception(exc)
 
+    def later(self, fn: Callable, *args, **kwargs) -> Future:
+        """Queue ``fn`` on the model thread behind what is queued now; do not wait for it."""
+        future: Future = Future()
+        self._jobs.put((fn, args, kwargs, future))
+        return future
+
     def call(self, fn: Callable, *args, **kwargs) -> Any:
         """Run ``fn`` on the model thread and return its result (or raise its exception)."""
         if threading.current_thread() is self._thread:
