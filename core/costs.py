@@ -81,14 +81,21 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
     cached = (_CACHE.get(adapter) or {}).get(bucket)
     if cached is not None and max(cached.verify) >= max_width:
         return cached
+    from .chat import padded_chat_prompt
+    from .limits import context_window
+    from .prefix_cache import PrefixCache
     from .sampling import SamplerConfig
     from .stream import Prompt, prefill
 
     sampler = SamplerConfig()
-    V = adapter.contract.vocab_size
-    tokens = mx.random.randint(0, V, (1, bucket), key=mx.random.key(0)).astype(mx.int32)
+    # One chat prompt at the bucket's length (within the model's context, with room to decode),
+    # prefilled once: the verify timings and every lane of measure_cycles restore it.
+    length = max(64, min(bucket, context_window(adapter) - 512))
+    ids = padded_chat_prompt(adapter, "Define the word harbor.", length)
+    shared = PrefixCache(2**40)
     cache, mtp_cache = adapter.make_cache(), adapter.make_mtp_cache()
-    hidden = prefill(adapter, Prompt(tuple(tokens[0].tolist())), cache, mtp_cache).hidden
+    hidden = prefill(adapter, Prompt(tuple(ids), (len(ids) - 1,)), cache, mtp_cache, shared).hidden
+    tokens = mx.array([ids[-8:]], dtype=mx.int32)
 
     def timed(fn) -> float:
         runs = []
@@ -119,28 +126,29 @@ def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int =
         ar_step_seconds=base,
         verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
         mtp_step=timed(mtp_step) / base,
-        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1, context=bucket),
+        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1, prompt_ids=ids, shared=shared),
     )
     _CACHE.setdefault(adapter, {})[bucket] = costs
     return costs
 
 
 def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: int = 3,
-                   context: int = 64) -> Dict[int, float]:
+                   prompt_ids: Optional[List[int]] = None, shared=None) -> Dict[int, float]:
     """Seconds per cycle at depths 1..max_depth over seconds per token of the AR lane, each
     the median of `rounds` runs of `steps` cycles (tokens) through the lanes' own loops.
 
-    On a chat prompt (padded to `context` tokens), so that drafts are accepted about as often
-    as in use: a rejected cycle and an accepted one do not cost the same."""
-    from .chat import padded_chat_prompt
+    On a chat prompt (by default a short one; measure_costs passes one padded to the context
+    bucket, and the prefix cache that holds it), so that drafts are accepted about as often as
+    in use: a rejected cycle and an accepted one do not cost the same."""
+    from .chat import chat_prompt_ids
     from .decoders import AutoregressiveDecoder, SpeculativeDecoder
-    from .stats import GenerationStats
     from .prefix_cache import PrefixCache
+    from .stats import GenerationStats
     from .stream import Prompt
 
-    ids = padded_chat_prompt(adapter, "Define the word harbor.", context)
-    # Every lane restores the prompt from one snapshot: the long prefill runs once.
-    prompt, shared = Prompt(tuple(ids), (len(ids) - 1,)), PrefixCache(2**40)
+    ids = prompt_ids or chat_prompt_ids(adapter, [{"role": "user", "content": "Define the word harbor."}])
+    # Every lane restores the prompt from one snapshot: a long prefill runs once.
+    prompt, shared = Prompt(tuple(ids), (len(ids) - 1,)), shared or PrefixCache(2**40)
 
     def per_yield(lane, depth: int) -> float:
         it = lane._steps(prompt, steps * (depth + 1) + 2, GenerationStats(), None)
