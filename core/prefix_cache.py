@@ -89,12 +89,12 @@ class PrefixCache:
     def lookup(self, prompt: Sequence[int]) -> Optional[Snapshot]:
         """The longest snapshot whose ids are a prefix of `prompt` and leave >= 1 token to run
         (the first token is sampled from the logits of the prompt's last position)."""
-        prompt = list(prompt)
+        prompt = tuple(prompt)
         best = None
         with self._lock:
             for ids, snap in self._snaps.items():
                 n = len(ids)
-                if n < len(prompt) and (best is None or n > best.length) and list(ids) == prompt[:n]:
+                if n < len(prompt) and (best is None or n > best.length) and ids == prompt[:n]:
                     best = snap
             if best is not None:
                 self._snaps.move_to_end(best.ids)

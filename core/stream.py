@@ -83,9 +83,8 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
     if snap is not None:
         h_last, start = restore(snap, cache, mtp_cache), snap.length
     tokens = mx.array(ids, dtype=mx.int32)
+    # Chunks end every PREFILL_CHUNK tokens and at the marks (lookup leaves >= 1 token to run).
     ends = sorted(set(range(start + PREFILL_CHUNK, L, PREFILL_CHUNK)) | set(marks_within(list(prompt.marks), start, L)) | {L})
-    if start >= L:
-        raise ValueError("a snapshot as long as the prompt leaves nothing to run")
     a = start
     for b in ends:
         if stop is not None and stop.is_set():
