@@ -171,61 +171,6 @@ def test_extreme_but_legal_values_work(client):
         assert r.choices[0].finish_reason in ("stop", "length"), kw
 
 
-# --- tools and reasoning ------------------------------------------------------------------------
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                             "parameters": {"type": "object",
-                                                            "properties": {"city": {"type": "string"}}}}}]
-
-
-def scripted(texts):
-    """A stand-in for host.stream whose reply is ``texts`` (a random-weight model never calls a tool)."""
-    from core import GenerationStats, StreamEvent
-
-    def stream(mode, params, ids, stop=None, **kw):
-        stats = GenerationStats(mode=mode, prompt_tokens=len(ids))
-        for i, text in enumerate(texts):
-            stats.generated_tokens += 1
-            last = i == len(texts) - 1
-            yield StreamEvent([0], ["target"], text, stats, last, "eos" if last else None)
-
-    return stream
-
-
-def test_tools_are_rendered_by_the_template_and_calls_come_back_as_tool_calls(client, host, monkeypatch):
-    plain = greedy(client, max_tokens=1).usage.prompt_tokens
-    rendered = host.tokenizer.apply_chat_template(HI, tools=WEATHER, add_generation_prompt=True, tokenize=True,
-                                                  enable_thinking=False)
-    with_tools = greedy(client, max_tokens=1, tools=WEATHER).usage.prompt_tokens
-    assert with_tools == len(rendered) > plain                      # the tools went into the prompt
-    # the prompt opened the think block, so the reply starts inside it
-    reply = ["The user wants", " weather.\n</think>\n\n", "<tool_call>\n{\"name\": \"get_weather\", ",
-             "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"]
-    monkeypatch.setattr(host, "stream", scripted(reply))
-    r = client.chat.completions.create(model=MODEL, messages=HI, tools=WEATHER)
-    msg = r.choices[0].message
-    assert r.choices[0].finish_reason == "tool_calls" and not msg.content
-    assert msg.tool_calls[0].function.name == "get_weather"
-    assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Oslo"}
-    assert msg.model_extra["reasoning_content"] == "The user wants weather."
-    chunks = list(client.chat.completions.create(model=MODEL, messages=HI, tools=WEATHER, stream=True))
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    # the call goes back into the conversation, with the tool's answer
-    follow = [*HI, {"role": "assistant", "content": None, "tool_calls": [msg.tool_calls[0].model_dump()]},
-              {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny"}]
-    monkeypatch.setattr(host, "stream", scripted(["It is sunny."]))
-    r = client.chat.completions.create(model=MODEL, messages=follow, tools=WEATHER, extra_body=PLAIN)
-    assert r.choices[0].message.content == "It is sunny." and r.choices[0].finish_reason == "stop"
-
-
-def test_a_malformed_tool_call_comes_back_as_text(client, host, monkeypatch):
-    monkeypatch.setattr(host, "stream", scripted(["<tool_call>{\"name\": get_weather}</tool_call>"]))
-    r = client.chat.completions.create(model=MODEL, messages=HI, tools=WEATHER, extra_body=PLAIN)
-    assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
-    assert r.choices[0].message.content == "<tool_call>{\"name\": get_weather}</tool_call>"
-
-
 # --- errors --------------------------------------------------------------------------------------
 def test_errors_map_to_the_clients_exception_types(client, url):
     with pytest.raises(openai.BadRequestError, match="one choice"):
