@@ -2,6 +2,10 @@
 
 Accepting draft x with probability min(1, p(x)/q(x)) and replacing the first rejected
 one with a draw from norm(max(p - q, 0)) makes every committed token follow p exactly.
+
+The two distributions that make this true, `acceptance_probability` and
+`correction_distribution`, are functions of their own so that tests can enumerate a cycle's
+every outcome with them (tests/test_acceptance_exact.py) instead of sampling it.
 """
 from __future__ import annotations
 
@@ -17,6 +21,30 @@ def residual(p: mx.array, q: mx.array) -> mx.array:
     r = mx.maximum(p - q, 0.0)
     mass = r.sum(axis=-1, keepdims=True)
     return mx.where(mass > 0, r / mx.maximum(mass, 1e-30), p)
+
+
+def acceptance_probability(p, q, drafts: mx.array) -> mx.array:
+    """min(1, p(x)/q(x)) for each draft x: p holds the target's rows for the D drafts (a row
+    more is allowed: the bonus row), q the draft's D rows; either may be a support."""
+    D = drafts.shape[0]
+    (p_idx, p), (q_idx, q) = _as_support(p), _as_support(q)
+    p_x = _at(None if p_idx is None else p_idx[:D], p[:D], drafts)
+    q_x = _at(q_idx, q, drafts)  # > 0: x was drawn from q
+    return mx.minimum(p_x / q_x, 1.0)
+
+
+def correction_distribution(p, q) -> Tuple[object, mx.array]:
+    """(indices or None, probabilities): what replaces a rejected draft at each of the D rows,
+    norm(max(p - q, 0)) on p's columns (the residual lives where p does)."""
+    (p_idx, p), (q_idx, q) = _as_support(p), _as_support(q)
+    D = q.shape[0]
+    if p_idx is None:
+        q_on_p = q if q_idx is None else mx.put_along_axis(mx.zeros(p[:D].shape, p.dtype), q_idx, q, axis=-1)
+    elif q_idx is None:
+        q_on_p = mx.take_along_axis(q, p_idx[:D], axis=-1)
+    else:
+        q_on_p = (q[:, None, :] * (q_idx[:, None, :] == p_idx[:D, :, None])).sum(axis=-1)
+    return (None if p_idx is None else p_idx[:D]), residual(p[:D], q_on_p)
 
 
 def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
@@ -36,20 +64,11 @@ def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) 
         # itself) is then one-hot at that argmax, so the replacement is the argmax too.
         best = mx.argmax(p, axis=-1)
         return drafts == best[:D], best[:D], best[D:]
-    (p_idx, p), (q_idx, q) = _as_support(p), _as_support(q)
-    p_x = _at(None if p_idx is None else p_idx[:D], p[:D], drafts)
-    q_x = _at(q_idx, q, drafts)
-    u = mx.random.uniform(shape=(D,), key=keys[0])
-    accepted = u * q_x < p_x  # u < p/q without a division; q_x > 0 since x was drawn from q
-    # q on p's columns: the residual lives where p does.
-    if p_idx is None:
-        q_on_p = q if q_idx is None else mx.put_along_axis(mx.zeros(p[:D].shape, p.dtype), q_idx, q, axis=-1)
-    elif q_idx is None:
-        q_on_p = mx.take_along_axis(q, p_idx[:D], axis=-1)
-    else:
-        q_on_p = (q[:, None, :] * (q_idx[:, None, :] == p_idx[:D, :, None])).sum(axis=-1)
-    corrections = _token(p_idx, slice(0, D), categorical(residual(p[:D], q_on_p), keys[1]))
-    bonus = _token(p_idx, slice(D, D + 1), categorical(p[D:], keys[2]))
+    accepted = mx.random.uniform(shape=(D,), key=keys[0]) < acceptance_probability(p, q, drafts)
+    c_idx, c = correction_distribution(p, q)
+    corrections = _token(c_idx, categorical(c, keys[1]))
+    p_idx, p = _as_support(p)
+    bonus = _token(None if p_idx is None else p_idx[D:], categorical(p[D:], keys[2]))
     return accepted, corrections, bonus
 
 
@@ -64,8 +83,8 @@ def _at(idx, probs, tokens):
     return (probs * (idx == tokens[:, None])).sum(axis=-1)
 
 
-def _token(idx, rows, cols):
-    return cols if idx is None else mx.take_along_axis(idx[rows], cols[:, None], axis=-1)[:, 0]
+def _token(idx, cols):
+    return cols if idx is None else mx.take_along_axis(idx, cols[:, None], axis=-1)[:, 0]
 
 
 def accepted_prefix(flags: List[bool]) -> int:

@@ -1,10 +1,23 @@
 """Checkpoints for engine tests: random heads reject nearly everything; a 'mixed' head accepts some."""
 import os
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
+from scipy.stats import chi2
 
 from adapters import load_adapter
+from core import SamplerConfig
+
+GREEDY = SamplerConfig(temperature=0)
+# Tiny checkpoints for engine tests (scripts/make_tiny_checkpoint options). With make_mixed_head:
+# MIXED's head agrees with the target on ~15-35 % of greedy drafts, SURE's on ~70-90 % of sampled
+# ones (both accept and reject often: what a test of the acceptance rule needs); REJECTING's
+# random head almost never agrees.
+MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
+SURE = {**MIXED, "residual_gain": 0.3}
+REJECTING = dict(bits=4, seed=1, frequent_tokens=0, logit_std=2.0, residual_gain=1.0)
 
 
 def load_modules_path(path, **kwargs):
@@ -36,3 +49,52 @@ def make_mixed_head(path: Path) -> Path:
     tensors["mtp.fc.weight"] = fc
     mx.save_safetensors(str(side), tensors)
     return path
+
+
+def exact_joint(adapter, sampler, prompt, n):
+    """Exact distribution of the first n tokens under `sampler`, by enumeration."""
+    out = {}
+    eos = set(adapter.tokenizer.eos_token_ids)
+
+    def walk(prefix, prob):
+        if len(prefix) == n:
+            out[tuple(prefix)] = prob
+            return
+        # the decoders' own path: prefill the prompt, then one token at a time
+        cache = adapter.make_cache()
+        logits, _, _ = adapter.forward(mx.array([prompt]), cache, all_logits=False)
+        for t in prefix:
+            logits, _, _ = adapter.forward(mx.array([[t]]), cache)
+        p = np.array(sampler.probs(logits[0, -1]))
+        for t in np.nonzero(p)[0]:
+            if int(t) in eos:  # generation ends; the EOS itself is not output
+                out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob * float(p[t])
+            else:
+                walk(prefix + [int(t)], prob * float(p[t]))
+
+    walk([], 1.0)
+    return out
+
+
+def chi_square_pvalue(counts: Counter, expected: dict, n: int) -> float:
+    cells = sorted(expected)
+    exp = np.array([expected[c] * n for c in cells])
+    obs = np.array([counts.get(c, 0) for c in cells])
+    assert sum(counts.values()) == obs.sum(), "a sample fell outside the exact support"
+    # pool cells with tiny expectations so the chi-square approximation holds
+    small = exp < 5
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return float(chi2.sf(stat, len(exp) - 1))
+
+
+def marginal(joint: dict, positions) -> dict:
+    out = {}
+    for seq, pr in joint.items():
+        if len(seq) > max(positions):
+            key = tuple(seq[i] for i in positions)
+            out[key] = out.get(key, 0.0) + pr
+    total = sum(out.values())
+    return {k: v / total for k, v in out.items()}

@@ -27,6 +27,8 @@ except Exception:  # noqa: BLE001 - tests of adapters report their own import er
     pass
 
 from scripts.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+from adapters import load_adapter  # noqa: E402
+from tests._engine_helpers import MIXED, SURE, make_mixed_head  # noqa: E402
 
 
 def _key(opts: dict) -> str:
@@ -56,3 +58,15 @@ def tiny_checkpoint(tmp_path_factory):
 def tiny_model_dir(tiny_checkpoint) -> Path:
     """The default tiny checkpoint (4-bit trunk, 29-tensor 4-bit head, tied embeddings)."""
     return tiny_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def mixed_adapter(tiny_checkpoint):
+    """A float tiny checkpoint whose head accepts some drafts (tests/_engine_helpers.MIXED)."""
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **MIXED)))
+
+
+@pytest.fixture(scope="session")
+def sure_adapter(tiny_checkpoint):
+    """A float tiny checkpoint whose head accepts most sampled drafts (tests/_engine_helpers.SURE)."""
+    return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **SURE)))

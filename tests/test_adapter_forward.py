@@ -46,7 +46,7 @@ def test_hidden_variants(tiny_checkpoint):
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-cpu", "mlx-lm-modules"])
 def test_rollback_equals_a_run_that_never_speculated(tiny_checkpoint, width, compiled):
-    """Verify `width` tokens with capture, keep any prefix: caches equal one-token-at-a-time decoding, bit for bit."""
+    """Verify `width` tokens with capture, keep any prefix: caches equal one-token-at-a-time decoding."""
     path = tiny_checkpoint(bits=None, num_layers=4, full_attention_interval=2)
     adapter = load_adapter(path) if compiled else load_modules_path(path)
     V = adapter.contract.vocab_size
@@ -64,7 +64,7 @@ def test_rollback_equals_a_run_that_never_speculated(tiny_checkpoint, width, com
         nxt = _tokens(1, V, 3)
         a, _, _ = adapter.forward(nxt, spec)
         b, _, _ = adapter.forward(nxt, ref)
-        assert mx.array_equal(a, b).item()
+        assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()  # rounding grows through the layers
 
 
 def _fresh(adapter, context):
@@ -74,11 +74,17 @@ def _fresh(adapter, context):
 
 
 def _assert_caches_equal(a, b):
+    """Equal to float32 rounding: a verify's k rows come out of k-row matmuls, the reference's
+    out of 1-row ones, and OpenBLAS on some hosts (AVX-512, measured) rounds those differently
+    in the last bit. A rollback that keeps a wrong position differs by far more (order 1)."""
+    def same(x, y, what):
+        assert x.shape == y.shape and mx.allclose(x, y, rtol=1e-5, atol=1e-5).item(), what
+
     for ca, cb in zip(a, b):
         if hasattr(ca, "offset"):  # attention KV cache
             assert ca.offset == cb.offset
-            assert mx.array_equal(ca.keys[..., : ca.offset, :], cb.keys[..., : cb.offset, :]).item()
-            assert mx.array_equal(ca.values[..., : ca.offset, :], cb.values[..., : cb.offset, :]).item()
+            same(ca.keys[..., : ca.offset, :], cb.keys[..., : cb.offset, :], "keys differ")
+            same(ca.values[..., : ca.offset, :], cb.values[..., : cb.offset, :], "values differ")
         else:  # Gated-DeltaNet: conv window and recurrent state
-            assert mx.array_equal(ca[0], cb[0]).item(), "conv window differs"
-            assert mx.array_equal(ca[1], cb[1]).item(), "recurrent state differs"
+            same(ca[0], cb[0], "conv window differs")
+            same(ca[1], cb[1], "recurrent state differs")

@@ -8,10 +8,8 @@ import core.stream
 from adapters import load_adapter
 from core import (AutoregressiveDecoder, Costs, NonFiniteLogitsError, SamplerConfig, SpeculativeDecoder,
                   chat_prompt_ids, measure_costs)
-from tests._engine_helpers import make_mixed_head
+from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
 
-MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
-GREEDY = SamplerConfig(temperature=0)
 TYPICAL_COSTS = Costs(ar_step_seconds=0.01, verify={1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8}, mtp_step=0.2)
 LANES = {
     "ar": lambda ad, **kw: AutoregressiveDecoder(ad, **kw),

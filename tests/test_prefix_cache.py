@@ -8,17 +8,14 @@ acceptance); sampled replies keep their distribution.
 import threading
 from collections import Counter
 
-import mlx.core as mx
 import pytest
 
 from adapters import load_adapter
-from core import (AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
+from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeDecoder, chat_prompt,
                   split_reply)
 from core.prefix_cache import common_prefix
-from tests._engine_helpers import make_mixed_head
+from tests._engine_helpers import GREEDY, MIXED, chi_square_pvalue, exact_joint, make_mixed_head, marginal
 
-GREEDY = SamplerConfig(temperature=0)
-MIXED = dict(bits=None, frequent_tokens=0, logit_std=2.0, residual_gain=0.7, norm_std=0.05, seed=0)
 QUESTIONS = ["Hi there", "What is the sea?", "Tell me about the moon.", "And the robot?", "Why?",
              "Write one more line.", "Thanks, bye."]
 
@@ -125,29 +122,25 @@ def test_thinking_template_reuses_the_history_before_the_generation_prompt(think
     assert common_prefix(nxt.ids, prompt.ids) >= prompt.marks[-1]
 
 
-def test_sampled_replies_keep_their_distribution_with_the_cache(adapter):
-    """First tokens of sampled MTP replies on a cached prompt: the same distribution as AR's
-    on a fresh prefill (chi-square on the counts)."""
-    from scipy.stats import chi2_contingency
-
-    sampler = SamplerConfig(temperature=1.0, top_k=0, top_p=1.0)
-    msgs = [{"role": "system", "content": "x"}, {"role": "user", "content": "Hello"}]
-    prompt = chat_prompt(adapter, msgs)
-    cache = PrefixCache(2**30)
-    n = 300
-    cached_counts, fresh_counts = Counter(), Counter()
-    for seed in range(n):
-        ids, stats = lane("mtp2", adapter, cache, sampler, seed=seed).generate(prompt, max_tokens=3)
-        if seed > 0:
-            assert stats.cached_tokens > 0
-        cached_counts[tuple(ids[1:3])[:1]] += 1
-        ref, _ = lane("ar", adapter, None, sampler, seed=10_000 + seed).generate(prompt, max_tokens=3)
-        fresh_counts[tuple(ref[1:3])[:1]] += 1
-    keys = sorted(set(cached_counts) | set(fresh_counts))
-    common = [k for k in keys if cached_counts[k] + fresh_counts[k] >= 10]
-    table = [[cached_counts[k] for k in common], [fresh_counts[k] for k in common]]
-    assert len(common) >= 2
-    assert chi2_contingency(table)[1] > 0.001
+@pytest.mark.parametrize("depth", [2, 3])
+def test_sampled_replies_from_a_restored_state_follow_the_exact_distribution(sure_adapter, depth):
+    """Every run restores the cached prompt, then samples; tokens 2 and 3 (inside the first cycle)
+    follow the exact distribution computed from a fresh prefill (chi-square)."""
+    ad = sure_adapter
+    sampler = SamplerConfig(temperature=1.0, top_k=4, top_p=1.0)
+    prompt = chat_prompt(ad, [{"role": "system", "content": "x"}, {"role": "user", "content": "Hello"}])
+    exact = marginal(exact_joint(ad, sampler, list(prompt.ids), 3), (1, 2))
+    cache, runs = PrefixCache(2**30), 1200
+    lane("ar", ad, cache).generate(prompt, max_tokens=1)              # the prompt is cached
+    counts, drafted = Counter(), 0
+    for seed in range(runs):
+        ids, stats = lane(f"mtp{depth}", ad, cache, sampler, seed=seed).generate(prompt, max_tokens=depth + 2)
+        assert stats.cached_tokens == prompt.marks[-1]
+        drafted += len(stats.proposed_per_depth) >= depth and stats.proposed_per_depth[depth - 1] > 0
+        if len(ids) >= 3:
+            counts[tuple(ids[1:3])] += 1
+    assert drafted > runs * 0.3          # depth D really was drafted
+    assert chi_square_pvalue(counts, exact, sum(counts.values())) > 1e-3
 
 
 def test_memory_stays_within_the_budget(adapter):
