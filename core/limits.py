@@ -7,6 +7,7 @@ is told how many messages went) or is refused with a message that says how to fi
 """
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
@@ -83,10 +84,10 @@ def fit_chat(adapter, messages: Sequence[dict], max_tokens: int, *, trim: bool =
         return chat_prompt(adapter, msgs[:first] + msgs[cut:], tools=tools, enable_thinking=enable_thinking)
 
     # Characters first: drop whole turns until the text could fit, without tokenising.
-    chars = [_chars(m) for m in msgs]
+    suffix = list(itertools.accumulate(reversed([_chars(m) for m in msgs])))[::-1] + [0]  # chars from i on
     options = [first] + starts
     lo = 0
-    while lo < len(options) - 1 and fixed + sum(chars[options[lo]:]) > budget:
+    while lo < len(options) - 1 and fixed + suffix[options[lo]] > budget:
         lo += 1
     if lo and not trim:
         raise InputTooLarge(f"The conversation is too long for this model's context of {window:,} tokens "

@@ -7,9 +7,19 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+def needs_chromium() -> None:
+    """Skip the calling test module when Debian's chromium is absent. scripts/test.sh installs it
+    (or fails saying what is missing); under CI any skip fails the run (tests/conftest.py)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium chromium-driver)", allow_module_level=True)
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]

@@ -8,6 +8,7 @@ pass ``fresh=True`` to get a private copy you may corrupt/edit.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -70,3 +71,32 @@ def mixed_adapter(tiny_checkpoint):
 def sure_adapter(tiny_checkpoint):
     """A float tiny checkpoint whose head accepts most sampled drafts (tests/_engine_helpers.SURE)."""
     return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **SURE)))
+
+
+# --- No silent skips under CI --------------------------------------------------------------------
+# A browser or API test that skips (chromium missing, a client package missing) would take its
+# claim out of the suite while the run stays green. Under CI (the CI environment variable, which
+# .ci/run sets) every skip fails the run, with its reason.
+_SKIPPED: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, report.longrepr))
+
+
+def pytest_collectreport(report):
+    if report.skipped:
+        _SKIPPED.append((report.nodeid, report.longrepr))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SKIPPED and os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_sep("=", f"{len(_SKIPPED)} skipped under CI: a skip is a failure here", red=True)
+            for nodeid, why in _SKIPPED:
+                reason = why[-1] if isinstance(why, tuple) else str(why)
+                reporter.write_line(f"SKIPPED (fails under CI) {nodeid}: {reason}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -9,12 +9,12 @@ import json
 import threading
 import time
 
+import httpx
+import openai
 import pytest
 
 from tests._webapp_helpers import make_host, served
 
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
 
 MODEL = "model"                     # the tiny checkpoint's directory name is the served id
 HI = [{"role": "user", "content": "Hi"}]
@@ -245,7 +245,8 @@ def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, h
         time.sleep(0.01)
     assert demo.stops.active() == 0, "the decode did not stop"
     host.worker.call(lambda: None)                                    # the model thread is free
-    assert time.perf_counter() - t0 < 1.0, time.perf_counter() - t0
+    # a hang guard, not a speed limit: the 3000-token decode left to run would take ~30 s more
+    assert time.perf_counter() - t0 < 10, time.perf_counter() - t0
 
 
 def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server):
@@ -254,9 +255,9 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/chat/completions", json=body, timeout=1.0)   # closes the connection
     t0 = time.perf_counter()
-    while demo.stops.active() and time.perf_counter() - t0 < 5:
+    while demo.stops.active() and time.perf_counter() - t0 < 10:
         time.sleep(0.01)
-    assert demo.stops.active() == 0 and time.perf_counter() - t0 < 1.0, time.perf_counter() - t0
+    assert demo.stops.active() == 0, "the decode did not stop (a hang guard: it had ~30 s of tokens left)"
 
 
 def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server):

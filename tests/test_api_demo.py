@@ -3,13 +3,13 @@ end by themselves): greedy API = greedy UI (gradio_client /respond) = the engine
 ``SpeculativeDecoder.generate``; the prefix cache serves later turns of a conversation."""
 from __future__ import annotations
 
+import gradio_client
+import openai
 import pytest
 
 from core.settings import DEMO_MODEL_DIR
 from tests._webapp_helpers import make_host, served
 
-openai = pytest.importorskip("openai")
-gradio_client = pytest.importorskip("gradio_client")
 
 MODEL = "demo"
 QUESTION = "Define harbor."

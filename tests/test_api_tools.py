@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from tests._memorized import memorize
 from tests._webapp_helpers import make_host, served
 
-openai = pytest.importorskip("openai")
 
 MODEL = "model"
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]

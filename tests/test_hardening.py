@@ -9,6 +9,7 @@ import urllib.request
 import uuid
 
 import gradio as gr
+import gradio_client
 import pytest
 
 from tests._webapp_helpers import Req, make_host, served
@@ -18,7 +19,6 @@ from webapp.literal import shown, typed
 from webapp.race import RaceHandlers
 from webapp.stops import StopRegistry
 
-gradio_client = pytest.importorskip("gradio_client")
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="1")
 GREEDY_ARGS = ("mtp", "", 0.0, 1.0, 0, 0.0, 8, 0, "1")   # /respond after the history
 

@@ -7,16 +7,14 @@ markdown, which a tiny random checkpoint does not write.
 """
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
+from playwright import sync_api
 import pytest
 
-from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, make_host, served
+from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, make_host, served
 
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+needs_chromium()
 
 TIMEOUT = 30_000
 USER_TEXTS = ["<div> & <b>x</b>",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from tests._webapp_helpers import make_host, served
 
-httpx = pytest.importorskip("httpx")
 
 
 @pytest.fixture(scope="module")

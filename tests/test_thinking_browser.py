@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 
+from playwright import sync_api
 import pytest
 
-from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, make_host, served
+from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, make_host, served
 
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
+needs_chromium()
 
 SAMPLER = dict(temperature=1.0, top_p=1.0, top_k=0, max_tokens=40, depth=2)
 

@@ -1,21 +1,19 @@
 """A real browser (Debian chromium driven by Playwright) against the launched app.
 
-Skips only when /usr/bin/chromium (or the playwright package) is absent. Screenshots go to
+Skips only when /usr/bin/chromium is absent, and under CI a skip fails the run. Screenshots go to
 $MTP_CHAT_SCREENSHOTS (default artifacts/screenshots).
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 
+from playwright import sync_api
 import pytest
 
-from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, LONG_PROMPT, make_host, screenshot_dir, served
+from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
 
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+needs_chromium()
 
 TIMEOUT = 30_000
 STOPS = []   # the served app's stop registry (to see when the model is free)
@@ -194,8 +192,7 @@ def test_closing_the_tab_stops_the_decode(browser, app_url):
     ctx.close()                       # the tab goes away mid-reply (~25 s of decoding left)
     while stops.active() and time.time() - t0 < 10:
         time.sleep(0.05)
-    assert stops.active() == 0, "closing the tab must free the model"
-    assert time.time() - t0 < 5
+    assert stops.active() == 0, "closing the tab must free the model (a hang guard: ~25 s were left)"
 
 
 def test_second_user_waits_in_the_queue_with_a_visible_position(browser, app_url):

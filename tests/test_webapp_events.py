@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-import time
+import re
 
 import gradio as gr
 import pytest
@@ -63,12 +63,13 @@ def test_chat_stop_mid_stream(chat):
     gen = chat.respond(user(LONG_PROMPT), "mtp", "", max_tokens=1000, **GREEDY)
     first = next(gen)
     assert reply_text(first) != ""
-    t0 = time.perf_counter()
     chat.stop(None)                       # the Stop button (session "local" in direct calls)
     rest = list(gen)
-    assert time.perf_counter() - t0 < 1.0
     final = rest[-1]
     assert "stopped" in final[-1]["metadata"]["title"]
+    # within a cycle, counted: at most one more update of at most depth + 1 tokens arrived
+    tokens = int(re.search(r"(\d+) tokens", final[-1]["metadata"]["title"]).group(1))
+    assert tokens < 1000 and len(rest) <= 2, (tokens, len(rest))
     assert not chat.stops.busy("local:chat")
 
 

@@ -10,11 +10,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import gradio_client
 import pytest
 
 from tests._webapp_helpers import free_port, make_host, served
 
-gradio_client = pytest.importorskip("gradio_client")
 REPO = Path(__file__).resolve().parent.parent
 GREEDY = (0.0, 1.0, 0, 0.0)            # temperature, top_p, top_k, min_p
 
@@ -90,7 +90,8 @@ def test_cancel_frees_the_model(app_url):
     job.cancel()
     t0 = time.perf_counter()
     out = c.predict(user("x"), "ar", "", *GREEDY, 5, 0, "1", api_name="/respond")   # not stuck behind it
-    assert time.perf_counter() - t0 < 5 and "tok/s" in out[-1]["metadata"]["title"]
+    # a hang guard, not a speed limit: the cancelled 3000-token decode would hold the model ~30 s
+    assert time.perf_counter() - t0 < 15 and "tok/s" in out[-1]["metadata"]["title"]
 
 
 def test_auth_is_enforced(host):

@@ -239,6 +239,8 @@ class Shutdown:
         deadline = time.monotonic() + self.grace
         while stops.active() and time.monotonic() < deadline:
             time.sleep(0.02)
+        if stops.active():
+            self.log(f"{self.signal_name}: {stops.active()} decode(s) still running after {self.grace:g} s; exiting anyway")
         time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))   # last updates go out
         _exit(0)
 
