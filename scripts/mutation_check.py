@@ -36,6 +36,7 @@ TEACHER = "tests/test_engine_exactness.py::test_caches_after_speculation_equal_t
 ROLLBACK = "tests/test_adapter_forward.py::test_rollback_equals_a_run_that_never_speculated"
 STATE = "tests/test_prefix_state.py"
 PREFIX = "tests/test_prefix_cache.py::test_greedy_replies_identical_with_and_without_the_cache"
+SHARED = "tests/test_race_truth.py::test_two_lanes_restored_from_one_snapshot_do_not_write_into_each_other"
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ MUTANTS: List[Mutant] = [
            "return Snapshot(tuple(ids), trunk, head, hidden, _nbytes(arrays))",
            "return Snapshot(tuple(ids[:-1]), trunk, head, hidden, _nbytes(arrays))",
            (STATE, PREFIX)),
+    Mutant("restored caches share the snapshot's KV array objects", "core/prefix_cache.py",
+           "c.keys, c.values, c.offset = _own(s[1]), _own(s[2]), s[3]",
+           "c.keys, c.values, c.offset = s[1], s[2], s[3]",
+           (SHARED,)),
     Mutant("prefill feeds the head the wrong tokens", "core/stream.py",
            "adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] : b], mtp_cache, fast=False)",
            "adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] - 1 : b - 1], mtp_cache, fast=False)",
