@@ -47,6 +47,16 @@ def _ll_tokenizer(tokenizer):
     return _TOKENIZERS[key][1]
 
 
+def lark_text(tokenizer, text: str) -> str:
+    """`text` as a Lark terminal. A tag the tokenizer holds as one added token (Qwen's
+    ``<tool_call>``) is that token (``<[id]>``): llguidance treats added tokens as special, so
+    the quoted text would make the model spell the tag out in pieces it never writes."""
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if len(ids) == 1 and _ll_tokenizer(tokenizer).is_special_token(ids[0]):
+        return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
 def json_schema_grammar(schema: dict) -> str:
     """A grammar for one JSON value matching `schema` (raises GrammarError if it cannot)."""
     import llguidance
@@ -67,8 +77,8 @@ def lark_grammar(lark: str) -> str:
 
 
 def lark_json(schema: dict) -> str:
-    """`schema` as an inline JSON rule of a Lark grammar (``%json {...}``)."""
-    return "%json " + json.dumps(schema, ensure_ascii=False)
+    """`schema` as an inline JSON rule of a Lark grammar (``%json {...}``), written in JSON_STYLE."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
 
 
 class Constraint:

@@ -150,3 +150,18 @@ def test_rollback_and_the_end_of_the_grammar(demo):
 def test_a_schema_that_cannot_compile_says_why(demo, schema, why):
     with pytest.raises(GrammarError, match=why):
         Constraint.for_json(demo.tokenizer, schema, demo.contract.vocab_size)
+
+
+def test_a_forced_tool_call_uses_the_tag_token_the_model_writes(tiny_checkpoint):
+    """Qwen's <tool_call> is one added token; llguidance treats added tokens as special, so the
+    grammar names that token (core.constraints.lark_text) instead of spelling the tag out."""
+    from webapp.api_structured import tool_call_grammar
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for template, single in (("qwen3_5", True), ("chatml", False)):
+        ad = load_adapter(tiny_checkpoint(template=template))
+        c = Constraint(ad.tokenizer, tool_call_grammar(tools)(ad.tokenizer), ad.contract.vocab_size)
+        ids = ad.tokenizer.encode('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+        assert (len(ad.tokenizer.encode("<tool_call>")) == 1) == single
+        assert np.nonzero(np.array(c.allowed()))[0].tolist() == ids[:1]
+        assert c.matcher.validate_tokens(ids) == len(ids)

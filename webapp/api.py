@@ -205,6 +205,7 @@ class OpenAIApi:
         try:
             req = await self.read_request(request, parse_messages_request, count_only=True)
             prompt, _ = await run_in_threadpool(chat_prompt, self.host, req)
+            await self.constraint(req)              # a schema that would be refused is refused here too
         except ApiError as exc:
             return self.refuse(request, exc, anthropic_error)
         return JSONResponse(count_body(len(prompt)))

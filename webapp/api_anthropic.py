@@ -36,7 +36,6 @@ HINTS = {"metadata", "service_tier", "cache_control", "context_management", "inf
 FIELDS = HINTS | {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p",
                   "top_k", "tools", "tool_choice", "thinking", "output_config",
                   "mode", "depth", "min_p", "seed"}                 # the last four: this server's extensions
-COUNT_FIELDS = HINTS | {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -174,16 +173,13 @@ def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_defa
                            count_only: bool = False) -> ApiRequest:
     from .api_request import one_grammar
 
-    check_fields(body, COUNT_FIELDS if count_only else FIELDS)
+    check_fields(body, FIELDS)           # count_tokens takes (and checks) what a message takes
     model = body.get("model")
     if not isinstance(model, str):
         raise bad_request("'model' is required: the id from GET /v1/models.", "model")
-    if not count_only:
-        if body.get("max_tokens") is None:
-            raise bad_request("'max_tokens' is required: the most tokens the reply may have.", "max_tokens")
-        params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
-    else:
-        params, mode = parse_sampling({}, settings, max_depth, max_tokens_default)
+    if body.get("max_tokens") is None and not count_only:
+        raise bad_request("'max_tokens' is required: the most tokens the reply may have.", "max_tokens")
+    params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
     req = ApiRequest(params=params, mode=mode, stream=bool(_bool(body, "stream")), model=model,
                      stops=parse_stops({"stop": body.get("stop_sequences")}))
     req.messages = to_chat(body.get("messages"), body.get("system"))
@@ -226,7 +222,7 @@ class MessageWriter:
         e = w.ending
         content, reasoning = join(w.deltas)
         blocks = ([{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []) \
-            + ([{"type": "text", "text": content}] if content or not e.calls else []) + self.tool_uses(e)
+            + ([{"type": "text", "text": content}] if content or not (e.calls or reasoning) else []) + self.tool_uses(e)
         return {**self._message(blocks, self.stop_reason(e), e.stop_sequence if not e.calls else None,
                                 _usage(e.usage)), "mtp": e.mtp}
 

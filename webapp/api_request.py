@@ -61,7 +61,7 @@ class ApiRequest:
     enable_thinking: Optional[bool] = None
     prompt: Optional[str] = None                 # completions: the text to continue
     prompt_ids: Optional[List[int]] = None       # completions: or its token ids
-    grammar: Optional[str] = None                # structured output (api_structured)
+    grammar: object = None                       # structured output: a grammar, or a function of the tokenizer (api_structured)
     logprobs: Optional[int] = None               # log-probabilities with this many alternatives
     echo: bool = False                           # completions: the prompt's own logprobs too
     conversation: Optional[dict] = None          # Responses: store, previous_response_id, instructions
@@ -376,11 +376,9 @@ def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int) ->
     return req
 
 
-def one_grammar(fmt: Optional[str], forced: Optional[str]) -> Optional[str]:
-    if fmt and forced:
-        raise bad_request("Ask for a JSON reply or a forced tool call, not both: a reply is one or the other.",
-                          "tool_choice")
-    return fmt or forced
+def one_grammar(fmt, forced):
+    """A forced tool call wins over a reply format: the reply is then the call (as OpenAI's)."""
+    return forced or fmt
 
 
 # --- legacy completions ---------------------------------------------------------------------

@@ -176,7 +176,11 @@ def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_def
     if text is not None and not isinstance(text, dict):
         raise bad_request("'text' must be an object like {\"format\": {\"type\": \"json_schema\", ...}}.", "text")
     req.grammar = one_grammar(response_format((text or {}).get("format"), "text.format", flat=True), forced)
-    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if (reasoning is not None and not isinstance(reasoning, dict)) or (effort is not None and not isinstance(effort, str)):
+        raise bad_request("'reasoning' must be an object like {\"effort\": \"none\"} (none/minimal turn thinking off).",
+                          "reasoning")
     req.enable_thinking = None if effort is None else effort not in ("none", "minimal")
     return req
 
@@ -225,7 +229,7 @@ class ResponseWriter:
         if reasoning:
             out.append({"type": "reasoning", "id": self.ids["reasoning"], "summary": [],
                         "content": [{"type": "reasoning_text", "text": reasoning}]})
-        if content or not ending.calls:
+        if content or not (ending.calls or reasoning):      # as a stream: an empty message only when nothing else
             out.append({"type": "message", "id": self.ids["content"], "role": "assistant", "status": "completed",
                         "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
         out += [{"type": "function_call", "id": "fc_" + c.id.split("_", 1)[-1], "call_id": c.id, "name": c.name,

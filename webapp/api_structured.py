@@ -14,7 +14,7 @@ constraint is built (``ModelHost.constraint``).
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from .api_errors import bad_request
 from .toolcalls import CLOSE, OPEN
@@ -53,10 +53,9 @@ def response_format(fmt: Any, param: str = "response_format", flat: bool = False
                       f"{{\"type\": \"json_schema\", ...}}; got {json.dumps(fmt)[:60]}.", param)
 
 
-def tool_call_grammar(tools: List[dict], name: Optional[str] = None) -> str:
-    """One tool call of `tools` (OpenAI-shaped, as parse_tools gives them), or of the one named."""
-    from core.constraints import lark_grammar, lark_json
-
+def tool_call_grammar(tools: List[dict], name: Optional[str] = None) -> Callable[[object], str]:
+    """One tool call of `tools` (OpenAI-shaped, as parse_tools gives them), or of the one named,
+    as the template asks for it: a function of the tokenizer (the tags may be single tokens)."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -65,5 +64,12 @@ def tool_call_grammar(tools: List[dict], name: Optional[str] = None) -> str:
             calls.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                           "required": ["name", "arguments"], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return lark_grammar(f"start: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\n"
-                        f"call: {lark_json(schema)}")
+
+    def grammar(tokenizer) -> str:
+        from core.constraints import lark_grammar, lark_json, lark_text
+
+        nl = json.dumps("\n")
+        return lark_grammar(f"start: {lark_text(tokenizer, OPEN)} {nl} call {nl} {lark_text(tokenizer, CLOSE)}\n"
+                            f"call: {lark_json(schema)}")
+
+    return grammar

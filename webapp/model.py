@@ -111,10 +111,13 @@ class ModelHost:
         if len(history.ids) + 1 < self.context_length:
             self.worker.later(cache_history, self.adapter, history, self.prefix_cache)
 
-    def constraint(self, grammar: str):
-        """A fresh core.Constraint for `grammar` (raises core.GrammarError saying why it cannot)."""
+    def constraint(self, grammar):
+        """A fresh core.Constraint for `grammar` (a grammar, or a function of the tokenizer that
+        gives one); raises core.GrammarError saying why it cannot be used."""
         from core import Constraint
 
+        if callable(grammar):
+            grammar = grammar(self.tokenizer)
         return Constraint(self.tokenizer, grammar, self.adapter.contract.vocab_size)
 
     def prompt_logprobs(self, ids, top: int) -> list:
