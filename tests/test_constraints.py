@@ -165,3 +165,18 @@ def test_a_forced_tool_call_uses_the_tag_token_the_model_writes(tiny_checkpoint)
         assert (len(ad.tokenizer.encode("<tool_call>")) == 1) == single
         assert np.nonzero(np.array(c.allowed()))[0].tolist() == ids[:1]
         assert c.matcher.validate_tokens(ids) == len(ids)
+
+
+def test_objects_are_closed_unless_the_schema_opens_them():
+    from core.constraints import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                                               "properties": {"type": "integer"}},
+              "$defs": {"X": {"type": "object", "properties": {"c": {"type": "integer"}}}},
+              "items": [{"properties": {}}], "enum": [{"properties": 1}]}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert "additionalProperties" not in out["properties"]["properties"]        # a property named "properties"
+    assert out["$defs"]["X"]["additionalProperties"] is False and out["items"][0]["additionalProperties"] is False
+    assert out["enum"] == [{"properties": 1}] and schema.get("additionalProperties") is None   # values untouched
+    assert closed({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"] is True
