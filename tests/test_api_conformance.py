@@ -102,3 +102,36 @@ def test_lan_sharing_allows_addresses_but_not_foreign_names():
     assert host_allowed("192.168.1.20", True) and host_allowed("fe80::1", True)
     assert not host_allowed("evil.example", True) and not host_allowed("192.168.1.20.evil.example", True)
     assert same_host("localhost", "127.0.0.1") and not same_host("evil.example", "127.0.0.1")
+
+
+def test_chat_logprobs_are_the_same_in_both_lanes_and_streamed(client):
+    def ask(mode, **kw):
+        return client.chat.completions.create(model=MODEL, messages=HI, max_tokens=12, temperature=0, logprobs=True,
+                                              top_logprobs=3, extra_body={"mode": mode}, **kw)
+
+    mtp, ar = ask("mtp"), ask("ar")
+    lp_mtp, lp_ar = mtp.choices[0].logprobs.content, ar.choices[0].logprobs.content
+    assert len(lp_mtp) == mtp.usage.completion_tokens == len(lp_ar)
+    assert [e.token for e in lp_mtp] == [e.token for e in lp_ar]
+    assert all(abs(a.logprob - b.logprob) < 1e-3 for a, b in zip(lp_mtp, lp_ar))     # verify pass vs steps
+    assert all(len(e.top_logprobs) == 3 and e.logprob <= e.top_logprobs[0].logprob + 1e-6 for e in lp_mtp)
+    assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-5) for e in lp_mtp)   # greedy: the top
+    streamed = [c for c in ask("mtp", stream=True) if c.choices and c.choices[0].logprobs]
+    assert [e.token for c in streamed for e in c.choices[0].logprobs.content] == [e.token for e in lp_mtp]
+    plain = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completions_echo_gives_the_prompts_own_logprobs(url):
+    # The first prompt token has no logprob: null, as OpenAI's own echo and vLLM send it, which
+    # the SDK's Completion type (floats only) does not allow: this client is not strict.
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    ids = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=1, temperature=0, echo=True,
+                                    logprobs=2)
+    lp = ids.choices[0].logprobs
+    assert ids.choices[0].text.startswith("Once upon a time")
+    assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == ids.choices[0].text and len(lp.top_logprobs[1]) <= 2
+    only = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=0, echo=True, logprobs=0)
+    assert only.choices[0].text == "Once upon a time" and only.usage.completion_tokens == 0
+    assert only.choices[0].logprobs.token_logprobs == lp.token_logprobs[:-1]
