@@ -161,7 +161,7 @@ class Lane:
         self.constraint = constraint
 
     def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
-               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str]]]:
+               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         raise NotImplementedError
 
     def _make_caches(self):
@@ -263,9 +263,8 @@ class Lane:
                 stats.decode_seconds = now - stats.prefill_seconds
                 stats.finish_reason = reason
                 clock.pause()
-                lps = token_logprobs(rows, tokens, logprobs) if logprobs is not None and tokens else None
-                yield StreamEvent(tokens, origins, new_text, stats, reason is not None, reason,
-                                  [] if logprobs is not None and lps is None else lps)
+                lps = None if logprobs is None else token_logprobs(rows, tokens, logprobs)   # [] for no tokens
+                yield StreamEvent(tokens, origins, new_text, stats, reason is not None, reason, lps)
                 if reason is not None:
                     return
                 clock.resume()

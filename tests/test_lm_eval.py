@@ -4,7 +4,6 @@ score equals the one computed directly from the model's logits, and so does the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
