@@ -1,5 +1,6 @@
 """The decoding engine: an exact MTP speculative lane and a matching autoregressive lane."""
 from .acceptance import residual, verify_drafts
+from .constraints import Constraint, GrammarError
 from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prompt
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
@@ -7,6 +8,7 @@ from .reasoning import ThinkSplitter, opens_thinking, split_reply
 from .costs import Costs, DepthPolicy, measure_costs, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .sampling import NonFiniteLogitsError, SamplerConfig
+from .logprobs import TokenLogprob, prompt_logprobs
 from .stats import GenerationStats
 from .stream import PrefillStopped, Prompt, StreamEvent, synchronize
 
@@ -15,5 +17,6 @@ __all__ = [
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
     "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
     "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
-    "context_window", "ThinkSplitter", "opens_thinking", "split_reply",
+    "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Constraint", "GrammarError",
+    "TokenLogprob", "prompt_logprobs",
 ]

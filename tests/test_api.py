@@ -283,7 +283,7 @@ def fuzz_cases():
         "top_p": [0, -0.5, 1.5, "1", [], True, 10**40],
         "top_k": [-1, 1.5, "5", [], True, -10**40],
         "min_p": [1, -0.1, 2, "0", {}],
-        "seed": [-1, 1.5, "7", 2**64, [], True],
+        "seed": [-2, 1.5, "7", 2**64, [], True],
         "max_tokens": [0, -5, 1.5, "10", 10**40, [], True, 32769],
         "max_completion_tokens": [0, -1, "x", 2.5],
         "n": [2, 0, 100, "1", -1],
@@ -301,8 +301,10 @@ def fuzz_cases():
         "tools": ["x", [{"type": "function"}], [{"type": "retrieval"}], [1], [{"type": "function", "function": {}}],
                   [{"type": "function", "function": {"name": "f", "parameters": "x"}}]],
         "tool_choice": ["required", {"type": "function", "function": {"name": "f"}}, 5],
-        "logprobs": [True], "top_logprobs": [5], "logit_bias": [{"1": 100}], "frequency_penalty": [1.0],
-        "presence_penalty": [-2], "response_format": [{"type": "json_object"}, "json"], "echo": [True],
+        "logprobs": ["yes", 3], "top_logprobs": [5, 21, -1], "logit_bias": [{"1": 100}], "frequency_penalty": [1.0],
+        "presence_penalty": [-2], "response_format": [{"type": "xml"}, "json", {"type": "json_schema"},
+                                                      {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}],
+        "echo": [True],
         "functions": [[{"name": "f"}]], "enable_thinking": ["yes", 1], "chat_template_kwargs": [{"x": 1}, "y"],
         "reasoning_effort": ["high"], "unknown_field": [1], "best_of": [3],
     }
@@ -318,12 +320,14 @@ def fuzz_cases():
     cases += [("raw", r) for r in raw]
     cases += [("path", p) for p in ("/v1/engines", "/v1/chat", "/v1/embeddings", "/v1/models/x/y", "/v1")]
     sampling = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "n", "stop", "stream", "mode",
-                "depth", "model", "logprobs", "echo", "unknown_field")
+                "depth", "model", "unknown_field")
     legacy = {"model": MODEL, "prompt": "Once", "max_tokens": 4}
     cases += [("legacy", {**legacy, k: v}) for k in sampling for v in bad_values[k]]
-    cases += [("legacy", {**base, "prompt": p}) for p in ("", [], ["a", "b"], 5, None, [1, 2, 3])]
+    cases += [("legacy", {**base, "prompt": p}) for p in ("", [], ["a", "b"], 5, None, [1, -2, 3], [10**9])]
+    cases += [("legacy", {**legacy, "logprobs": v}) for v in (True, 21, -1, "1", 1.5)]
+    cases += [("legacy", {**legacy, "echo": v}) for v in ("yes", 1)]
     cases += [("legacy", {"prompt": "x", "messages": HI}), ("legacy", {"prompt": "x", "suffix": "y"}),
-              ("legacy", {"prompt": "x", "echo": True}), ("legacy", {"prompt": "x", "max_tokens": 0})]
+              ("legacy", {"prompt": "x", "echo": True, "stream": True}), ("legacy", {"prompt": "x", "max_tokens": 0})]
     return cases
 
 

@@ -189,16 +189,18 @@ AUTH_MESSAGE = "mtp-chat: sign in with the user and password the host gave you."
 
 
 def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
-           api_key=None, log=lambda line: None, keepalive=None):
+           api_key=None, log=lambda line: None, keepalive=None, cors_origins=()):
     """Serve the UI and the OpenAI-compatible API on one port (webapp/server.py); returns
     the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
     from .api import ApiConfig, model_id_of
-    from .server import RunningServer, api_policy, build_server
+    from .server import RunningServer, api_policy, build_server, is_loopback
 
     enabled, why_not = api_policy(host, auth, api_key)
-    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log)
+    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
+                    cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
     if keepalive is not None:
         api.keepalive = keepalive
-    running = RunningServer(build_server(model_host, demo, auth=auth, api=api), host, port).start()
+    app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)
+    running = RunningServer(app, host, port).start()
     running.api = api
     return running

@@ -67,25 +67,28 @@ class ModelHost:
         return cls(adapter, settings, path, worker)
 
     # --- decoding -----------------------------------------------------------------
-    def decoder(self, mode: str, params: RunParams):
+    def decoder(self, mode: str, params: RunParams, constraint=None):
         from core import AutoregressiveDecoder, SpeculativeDecoder
 
         sampler = params.sampler()
         if mode == "ar":
             return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed,
-                                         prefix_cache=self.prefix_cache)
+                                         prefix_cache=self.prefix_cache, constraint=constraint)
         return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth,
-                                  max_depth=self.max_depth, prefix_cache=self.prefix_cache)
+                                  max_depth=self.max_depth, prefix_cache=self.prefix_cache, constraint=constraint)
 
     def stream(self, mode: str, params: RunParams, prompt_ids, stop=None, stop_strings=(),
-               thinking: Optional[bool] = None) -> WorkerStream:
+               thinking: Optional[bool] = None, constraint=None, logprobs: Optional[int] = None) -> WorkerStream:
         """The engine's event stream for one reply, stepped on the model thread. `prompt_ids`:
         what prompt_ids / fit return (keeps the prefix-cache marks) or plain ids; `thinking`:
-        the reply starts inside a think block (None: find out from the prompt)."""
+        the reply starts inside a think block (None: find out from the prompt); `constraint`:
+        a core.Constraint (structured output); `logprobs`: events carry their tokens'
+        log-probabilities with this many alternatives."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
-        stream = self.worker.stream(lambda: self.decoder(mode, params).stream(
-            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking))
+        stream = self.worker.stream(lambda: self.decoder(mode, params, constraint).stream(
+            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
+            logprobs=logprobs))
         stream.stop_event = stop
         return stream
 
@@ -107,6 +110,21 @@ class ModelHost:
             return
         if len(history.ids) + 1 < self.context_length:
             self.worker.later(cache_history, self.adapter, history, self.prefix_cache)
+
+    def constraint(self, grammar):
+        """A fresh core.Constraint for `grammar` (a grammar, or a function of the tokenizer that
+        gives one); raises core.GrammarError saying why it cannot be used."""
+        from core import Constraint
+
+        if callable(grammar):
+            grammar = grammar(self.tokenizer)
+        return Constraint(self.tokenizer, grammar, self.adapter.contract.vocab_size)
+
+    def prompt_logprobs(self, ids, top: int) -> list:
+        """Each prompt token's log-probability (the first has none), from one forward on the model thread."""
+        from core import prompt_logprobs
+
+        return self.worker.call(prompt_logprobs, self.adapter, list(ids), top)
 
     def cache_prompt(self, prompt, stop=None) -> int:
         """Put all but the prompt's last token into the prefix cache (on the model thread), so
