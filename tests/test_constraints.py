@@ -18,7 +18,7 @@ from adapters import load_adapter
 from core import AutoregressiveDecoder, Constraint, GrammarError, SamplerConfig, SpeculativeDecoder, chat_prompt
 from core.constraints import lark_grammar
 from tests._engine_helpers import make_mixed_head
-from tests.test_engine_exactness import MIXED, _chi_square_pvalue
+from tests._engine_helpers import MIXED, chi_square_pvalue
 
 WORDS = lark_grammar(r'start: /[a-z]+( [a-z]+)*/')      # lowercase words: the mask bites on a random model
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
@@ -104,8 +104,8 @@ def test_sampled_constrained_mtp_follows_the_constrained_distribution(mixed, sam
             prompt, max_tokens=n_tokens)
         ar[tuple(ids)] += 1
     assert accepted > runs * 0.05 and rejected > runs * 0.05, "both acceptance and rollback must be exercised"
-    assert _chi_square_pvalue(mtp, exact, runs) > 1e-3
-    assert _chi_square_pvalue(ar, exact, runs // 2) > 1e-3
+    assert chi_square_pvalue(mtp, exact, runs) > 1e-3
+    assert chi_square_pvalue(ar, exact, runs // 2) > 1e-3
     # the two lanes against each other (a contingency table over the sequences they drew)
     from scipy.stats import chi2_contingency
 

@@ -10,7 +10,7 @@ import pytest
 from adapters import load_adapter
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, prompt_logprobs
 from tests._engine_helpers import make_mixed_head
-from tests.test_engine_exactness import MIXED
+from tests._engine_helpers import MIXED
 
 PROMPT = [100, 7, 300, 42, 9, 18]
 
