@@ -223,17 +223,28 @@ def test_a_password_without_a_key_turns_the_api_off_and_is_not_bypassed(host):
 
 
 # --- concurrency, cancel, keep-alive --------------------------------------------------------
-LONG = [{"role": "user", "content": "Hello there"}]    # greedy on this checkpoint: > 2000 tokens, no EOS
+# A random tiny model's greedy reply may meet EOS on one machine and not on another (BLAS rounding
+# differs by CPU), so the long prompt is the first candidate that, here, runs to 400 tokens.
+LONG_CANDIDATES = ["Hello there", "Tell me a story", "Count to a thousand", "abc", "Why?", "Go on"]
 
 
-def long_stream(max_tokens):
-    return {"model": MODEL, "messages": LONG, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+@pytest.fixture(scope="module")
+def long_messages(client):
+    for text in LONG_CANDIDATES:
+        messages = [{"role": "user", "content": text}]
+        if greedy(client, max_tokens=400, messages=messages, extra_body={"mode": "ar"}).choices[0].finish_reason == "length":
+            return messages
+    pytest.fail(f"no candidate prompt ran to 400 tokens on this machine: {LONG_CANDIDATES}")
+
+
+def long_stream(messages, max_tokens):
+    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "mode": "ar", **PLAIN}
 
 
-def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, host):
+def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, host, long_messages):
     demo = server[1]
-    with httpx.stream("POST", url + "/v1/chat/completions", json=long_stream(3000), timeout=60) as r:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=long_stream(long_messages, 3000), timeout=60) as r:
         got = 0
         for line in r.iter_lines():
             got += line.startswith("data: ")
@@ -249,9 +260,9 @@ def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, h
     assert time.perf_counter() - t0 < 10, time.perf_counter() - t0
 
 
-def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server):
+def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server, long_messages):
     demo = server[1]
-    body = {**long_stream(3000), "stream": False}
+    body = {**long_stream(long_messages, 3000), "stream": False}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/chat/completions", json=body, timeout=1.0)   # closes the connection
     t0 = time.perf_counter()
@@ -260,15 +271,15 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server
     assert demo.stops.active() == 0, "the decode did not stop (a hang guard: it had ~30 s of tokens left)"
 
 
-def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server):
+def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server, long_messages):
     demo = server[1]
     first: list = []
-    t = threading.Thread(target=lambda: first.extend(sse_lines(url, long_stream(600))), daemon=True)
+    t = threading.Thread(target=lambda: first.extend(sse_lines(url, long_stream(long_messages, 600))), daemon=True)
     t.start()
     t0 = time.perf_counter()
     while not demo.stops.active() and time.perf_counter() - t0 < 10:
         time.sleep(0.01)
-    second = sse_lines(url, {**long_stream(5), "messages": HI})
+    second = sse_lines(url, {**long_stream(HI, 5)})
     t.join(60)
     assert first[-1] == "data: [DONE]" and second[-1] == "data: [DONE]"
     content_at = next(i for i, line in enumerate(second) if '"content"' in line)
