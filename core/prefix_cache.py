@@ -13,8 +13,10 @@ positions are reusable; attention KV could be trimmed anywhere but is kept per s
 
 MLX arrays are immutable values (an in-place update only happens when nothing else holds the
 buffer), so a snapshot holds references, never copies, and a lane decoding after a restore
-cannot change it: a Stop mid-reply leaves every snapshot as it was. Reuse is matched on
-token ids (longest stored prefix of the new prompt), never on message text.
+cannot change it: a Stop mid-reply leaves every snapshot as it was. The exception is the Python
+array object itself: KVCache writes `keys[..., i:j, :] = new`, which rebinds that object, so
+every restored cache gets its own objects over the snapshot's data (`_own`). Reuse is matched
+on token ids (longest stored prefix of the new prompt), never on message text.
 """
 from __future__ import annotations
 
@@ -43,6 +45,14 @@ def _nbytes(arrays) -> int:
     return sum(a.nbytes for a in arrays if isinstance(a, mx.array))
 
 
+def _own(a):
+    """A new array object over the same data (a view, no copy). Two caches restored from one
+    snapshot must not hold the same object, or each lane's writes show up in the other's
+    attention: the race runs two lanes from one snapshot at once, and without this 3 of 3
+    sampled interleaved runs (tests/test_race_truth.py) decoded other tokens than alone."""
+    return None if a is None else a[...]
+
+
 def take(ids: Sequence[int], cache: list, mtp_cache, hidden: mx.array) -> Snapshot:
     """The state after prefilling `ids` (references only)."""
     trunk, arrays = [], [hidden]
@@ -62,10 +72,11 @@ def restore(snap: Snapshot, cache: list, mtp_cache) -> mx.array:
     """Put `snap` into fresh caches (from adapter.make_cache / make_mtp_cache); returns its hidden."""
     for c, s in zip(cache, snap.trunk):
         if s[0] == "kv":
-            c.keys, c.values, c.offset = s[1], s[2], s[3]
+            c.keys, c.values, c.offset = _own(s[1]), _own(s[2]), s[3]
         else:
             c[0], c[1] = s[1], s[2]
-    mtp_cache.keys, mtp_cache.values, mtp_cache.offset = snap.head
+    keys, values, offset = snap.head
+    mtp_cache.keys, mtp_cache.values, mtp_cache.offset = _own(keys), _own(values), offset
     return snap.hidden
 
 
