@@ -43,7 +43,7 @@ CSS = """
 .race-stats .speedup, .race-stats .repeats { font-size: 1.15em; margin: 6px 0; }
 .race-stats .speedup { font-weight: 600; }
 .race-stats .short-note, .race-stats .race-uncertainty { font-size: 0.9em; font-weight: normal; opacity: 0.9; }
-.race-stats .speedup.short .figure { text-decoration: line-through dotted; opacity: 0.6; }
+.race-stats .short .figure { text-decoration: line-through dotted; opacity: 0.6; }
 .race-chart svg { width: 100%; height: auto; max-height: 300px; }
 .mtp-banner { font-size: 0.9em; opacity: 0.85; }
 @media (max-width: 640px) {
@@ -190,10 +190,11 @@ def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
         if short_runs:
             caveat = (f' <span class="short-note">— {short_runs} of {len(runs)} runs had a reply under '
                       f'{SHORT_REPLY_TOKENS} tokens: not a result either.</span>')
+        all_short = short_runs == len(runs)
         lines.insert(0 if len(runs) == repeats and repeats > 1 else 1,
-                     f'<div class="repeats" data-median="{med:.4f}" data-min="{min(runs):.4f}" data-max="{max(runs):.4f}"'
-                     f' data-runs="{len(runs)}">Median speedup over {len(runs)}/{repeats} runs: <b>{med:.2f}×</b> '
-                     f'(spread {spread(runs)}: {", ".join(f"{r:.2f}×" for r in runs)}){caveat}</div>')
+                     f'<div class="repeats{" short" if all_short else ""}" data-median="{med:.4f}" data-min="{min(runs):.4f}"'
+                     f' data-max="{max(runs):.4f}" data-runs="{len(runs)}">Median speedup over {len(runs)}/{repeats} runs: '
+                     f'<b class="figure">{med:.2f}×</b> (spread {spread(runs)}: {", ".join(f"{r:.2f}×" for r in runs)}){caveat}</div>')
     if repeats == 1 and speedup is not None and ar.finished and mtp.finished and not short:
         lines.append('<div class="race-uncertainty">One race is one sample: another seed accepts other drafts. '
                      'Repeat N times gives the median and its spread.</div>')
