@@ -226,6 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--depth", default="2")
+    ap.add_argument("--quantum", type=float, help="the race's switch quantum in seconds (default: the app's)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
 
@@ -237,6 +238,8 @@ def main(argv=None) -> int:
     host.warmup(params, log=lambda m: print(m, file=sys.stderr))     # as the app does before serving
     bench.adapter_tokenizer = host.tokenizer                         # run_ours decodes its text with it
     race = RaceHandlers(host, StopRegistry())
+    if args.quantum is not None:
+        race.quantum = args.quantum
     rows, detail = [], []
     t_start = time.perf_counter()
     for p in prompts:
@@ -276,6 +279,7 @@ def main(argv=None) -> int:
               "git": git_commit(), "platform": runtime_info(),
               "model": {"path": str(args.model), "describe": host.description, "weights_sha256_16": model_digest(args.model)},
               "params": params.as_dict(), "repeats": args.repeats, "tolerance": TOLERANCE,
+              "race_settings": {"update_interval": race.update_interval, "quantum": race.quantum},
               "seconds": time.perf_counter() - t_start, "overall": overall, "prompts": rows, "runs": detail}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

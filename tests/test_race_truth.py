@@ -3,6 +3,7 @@ figures are what the lanes cost (timings themselves live in scripts/bench_race.p
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests._engine_helpers import make_mixed_head
 from tests._webapp_helpers import LONG_PROMPT, make_host
 from webapp.chat import ChatHandlers
 from webapp.race import DEFAULT_REPEATS, RaceHandlers
+from webapp.scheduler import TimedLane, run_fair
 from webapp.stops import StopRegistry
 from webapp.ar_reference import ArReferences, Reference
 from webapp.params import parse_params
@@ -149,3 +151,36 @@ def test_the_chat_estimate_waits_for_an_ar_reference_at_its_own_sampler(host):
     assert "vs AR (same sampler & context)" in title("mtp")
     assert "vs AR" not in title("mtp", temperature=0.6, top_p=0.95, top_k=20)   # another sampler
     assert "short reply" in title("mtp", max_tokens=8) and "vs AR" not in title("mtp", max_tokens=8)
+
+
+# --- the scheduler's switch quantum (fake clocks) -------------------------------------------------
+def test_a_switch_quantum_switches_less_and_shows_the_same_time_on_both_lanes():
+    class Clock:
+        t = 0.0
+
+    def lane(name, cost, n):
+        clock = Clock
+
+        def events():
+            for i in range(n):
+                clock.t += cost
+                yield SimpleNamespace(finished=i == n - 1)
+
+        return TimedLane(name, events(), timer=lambda: clock.t)
+
+    switches = {}
+    for quantum in (0.0, 0.010):
+        Clock.t = 0.0
+        lanes = [lane("ar", 0.002, 200), lane("mtp", 0.003, 100)]
+        ticks = iter(range(10**6))
+        for snap in run_fair(lanes, update_interval=5, wall=lambda: next(ticks), quantum=quantum):
+            running = [l.clock for l in lanes if not l.done]
+            if running and not snap.final:
+                assert snap.t == min(running)
+                for i, l in enumerate(lanes):   # shown: only what each lane had committed by the shared time
+                    assert all(c <= snap.t for c, _ in l.events[: len(snap.view(i))])
+                    assert snap.clock(i) <= snap.t
+                assert max(l.clock for l in lanes) - snap.t < quantum + 0.003 + 1e-9
+        assert [l.clock for l in lanes] == pytest.approx([0.4, 0.3]) and all(l.done for l in lanes)
+        switches[quantum] = sum(l.switches for l in lanes)
+    assert switches[0.0] > 100 and switches[0.010] < switches[0.0] / 4

@@ -26,6 +26,9 @@ MAX_REPEATS = 20
 # One race is one sample: on the demo, single races of one prompt ranged 0.77-1.41x. Three
 # (seeds s, s+1, s+2) give a median and a spread for one click.
 DEFAULT_REPEATS = 3
+# Own-clock seconds a lane may run ahead before the device switches lanes (see scheduler.run_fair;
+# what is shown is the same: both lanes at the shared time). Measured in scripts/bench_race.py.
+SWITCH_QUANTUM = 0.0
 
 
 @dataclass
@@ -120,10 +123,12 @@ def lane_summary(v: LaneView, lane: Optional[TimedLane] = None) -> Dict[str, Any
 
 
 class RaceHandlers:
-    def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL):
+    def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL,
+                 quantum: float = SWITCH_QUANTUM):
         self.host = host
         self.stops = stops
         self.update_interval = update_interval
+        self.quantum = quantum
 
     def key(self, request) -> str:
         return f"{session_of(request)}:race"
@@ -213,7 +218,7 @@ class RaceHandlers:
             # The lane listed first goes first at a tie (the very first step, after an idle
             # pause with cold caches): alternate it between runs.
             order = lanes if run % 2 == 0 else lanes[::-1]
-            for snap in run_fair(order, self.update_interval, stop=stop):
+            for snap in run_fair(order, self.update_interval, stop=stop, quantum=self.quantum):
                 ar = lane_view("ar", t_ar, lanes[0], snap, segs[0].feed(lanes[0].events_until(snap.t)))
                 mtp = lane_view("mtp", t_mtp, lanes[1], snap, segs[1].feed(lanes[1].events_until(snap.t)),
                                 depth=params.depth)

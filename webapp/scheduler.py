@@ -123,10 +123,13 @@ def run_fair(
     update_interval: float = 0.1,
     stop: Optional[threading.Event] = None,
     wall: Callable[[], float] = time.monotonic,
+    quantum: float = 0.0,
 ) -> Iterator[Snapshot]:
     """Advance ``lanes`` fairly; yield a :class:`Snapshot` at most every ``update_interval``
-    wall seconds and always once at the end. Closing this generator (or setting ``stop``)
-    closes every lane's stream."""
+    wall seconds and always once at the end. The device stays on a lane until its clock is
+    ``quantum`` seconds ahead of the one behind (0: switch whenever it is ahead): what is shown
+    does not change (each lane at the shared time), but fewer switches cost less. Closing this
+    generator (or setting ``stop``) closes every lane's stream."""
     last = wall()
     t_stop = None
     previous: Optional[TimedLane] = None     # stepped last and not settled since
@@ -144,6 +147,8 @@ def run_fair(
                     l.step()
                 break
             lane = min(running, key=lambda l: l.clock)   # ties: the first listed
+            if stepped is not None and not stepped.done and stepped.clock - lane.clock < quantum:
+                lane = stepped
             if previous is not None and previous is not lane:
                 previous.settle()     # its queued work is its own, not the next lane's
                 previous = None
