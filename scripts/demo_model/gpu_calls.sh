@@ -6,8 +6,8 @@
 # them), with mlx, mlx-lm, pydantic-settings and their needs in wheels/small for `large_eval`.
 #
 #   STAGE train       the demo variants "NAME|args" ... in parallel with the larger variant (if
-#                     LARGE_ARGS is set; its shards stay on the machine for `large_eval`), each
-#                     probed (probe.py) after training; the demo shards come back int8-packed
+#                     LARGE_ARGS is set; its shards stay on the machine for `large_eval`); a run
+#                     given --probe is probed (probe.py) after training; demo shards come back int8-packed
 #   STAGE large_eval  the larger variant: the GPU probe, then exported to MLX (4-bit, as Qwythos)
 #                     and scripts/bench.py on MLX CUDA at depths 1 and 2 (T=0.6, the race prompts)
 #
@@ -31,18 +31,21 @@ train)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site $G/wheels/fla_core-*.whl 2>&1 | tail -2
   mkdir -p /tmp/mlxparts && cp $G/wheels/mlxcuda.tar.xz.* /tmp/mlxparts/ 2>/dev/null
   export PYTHONPATH=/tmp/site
+  for f in $G/resume/*.q8.safetensors; do  # runs to continue from (--resume $W/resume/NAME)
+    [ -e "$f" ] && python3 $S/shards_q8.py unpack $f $W/resume/$(basename $f .q8.safetensors)
+  done
   pids=()
   if [ -n "${LARGE_ARGS:-}" ]; then
     timeout ${RUN_LIMIT:-560} python3 $S/train_torch.py --data $W/data --out $W/runs --name L1 \
       --text-config $S/configs/h1024_L20_i4.json \
-      --seconds "${LARGE_SECS:-$SECS}" --stop-at $STOP_AT $LARGE_ARGS > $OUTDIR/L1.stdout 2>&1 &
+      --seconds "${LARGE_SECS:-$SECS}" --stop-at $STOP_AT $LARGE_ARGS > $W/L1.stdout 2>&1 &
     pids+=($!)
   fi
   for spec in "$@"; do
     name=${spec%%|*}; args=${spec#*|}
     timeout ${RUN_LIMIT:-560} python3 $S/train_torch.py --data $W/data --out $W/runs --name "$name" \
-      --text-config $S/configs/h256_L12_i2.json --seconds "$SECS" --stop-at $STOP_AT --probe $args \
-      > "$OUTDIR/$name.stdout" 2>&1 &
+      --text-config $S/configs/h256_L12_i2.json --seconds "$SECS" --stop-at $STOP_AT $args \
+      > "$W/$name.stdout" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait $p; done
@@ -51,8 +54,10 @@ train)
     python3 $S/shards_q8.py pack $W/runs/$name $OUTDIR/$name.q8.safetensors
   done
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-  for f in $OUTDIR/*.stdout; do grep -E "fla|trained|probe (everyday|heldout) T=0.6|probe tools|Error|error" $f | tail -8; done
-  tar czf $OUTDIR/runs_json.tgz -C $W/runs $(cd $W/runs && ls *.json *.log)
+  for f in $W/*.stdout; do grep -E "fla|trained|probe (everyday|heldout) T=0.6|probe tools|Error|error" $f | tail -8; done
+  cp $W/*.stdout $W/runs/ 2>/dev/null
+  cp $W/runs/L1.json $OUTDIR/ 2>/dev/null
+  tar czf $OUTDIR/runs_json.tgz -C $W/runs $(cd $W/runs && ls *.json *.log *.stdout 2>/dev/null)
   ;;
 large_eval)
   # mlx-cuda-13's files (its wheel unpacked, tar.xz, 70 MB: over one call's limit) came in two
@@ -60,7 +65,8 @@ large_eval)
   cp $G/wheels/mlxcuda.tar.xz.* /tmp/mlxparts/ 2>/dev/null
   python3 -m pip install -q --no-index --no-deps --target /tmp/site $G/wheels/small/*.whl 2>&1 | tail -2
   cat /tmp/mlxparts/mlxcuda.tar.xz.* | tar xJf - -C /tmp/site || { log "mlx-cuda parts missing"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
+  R=${REPO:-$G/repo}  # the engine to bench (a copy of this branch's adapters/, core/, scripts/bench.py)
+  export PYTHONPATH=/tmp/site:$R
   NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p) if os.path.isdir(os.path.join(p, d, 'lib'))))")
   export LD_LIBRARY_PATH=$NV:${LD_LIBRARY_PATH:-}
   python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" 2>&1 | tail -1
@@ -71,7 +77,7 @@ large_eval)
     --out $W/L1_mlx --trunk-bits 4 --mtp-bits 4 2>&1 | tail -2
   for d in 2 1; do
     log "bench L1 depth $d"
-    timeout 200 python3 scripts/bench.py --model $W/L1_mlx --prompts-file $S/race_prompts.txt --depth $d \
+    timeout 200 python3 $R/scripts/bench.py --model $W/L1_mlx --prompts-file $S/race_prompts.txt --depth $d \
       --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 --repeats 8 --json $OUTDIR/L1_bench_d$d.json 2>&1 \
       | grep -v "regex pattern" | tail -16
   done

@@ -241,15 +241,6 @@ def acceptance(model, prompts, replies, temp, depth=3, top_k=20, top_p=0.95, bat
 # ----------------------------------------------------------------------------------- training
 
 
-def batches(tokens, batch, seq, rng):
-    """Random windows of a token stream (the on-policy stages' corpus windows)."""
-    n = len(tokens) - seq - 1
-    while True:
-        starts = rng.integers(0, n, batch)
-        x = np.stack([tokens[s: s + seq] for s in starts]).astype(np.int64)
-        yield torch.from_numpy(x)
-
-
 def pack_windows(starts, n_tokens, size, rng, open_windows=16):
     """One epoch of windows of `size` tokens made of whole documents (a document longer than a
     window is cut at its end): documents in a random order, each into the fullest open window it
@@ -423,9 +414,16 @@ def make_optimizer(params, a, dev):
                              lr=a.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
 
 
+def progress(a, step: int, elapsed: float) -> float:
+    """How far training is through its schedule: by steps (--schedule-steps, else --max-steps) or,
+    with neither, by the time budget."""
+    total = getattr(a, "schedule_steps", 0) or (a.max_steps if a.max_steps < 10**9 else 0)
+    return min(1.0, step / total) if total else min(1.0, elapsed / a.seconds)
+
+
 def set_lr(opt, a, step: int, elapsed: float) -> float:
     """Linear warm-up, then cosine to min_lr_frac over the step budget, or the time budget."""
-    frac = min(1.0, elapsed / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
+    frac = progress(a, step, elapsed)
     lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
     for g in opt.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
@@ -481,6 +479,8 @@ def main():
     ap.add_argument("--variant", default="post_norm", choices=["post_norm", "pre_norm"])
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--max-steps", type=int, default=10**9)
+    ap.add_argument("--schedule-steps", type=int, default=0,
+                    help="length of the lr / acceptance-term schedule in steps (default --max-steps)")
     ap.add_argument("--batch", type=int, default=16, help="windows per step")
     ap.add_argument("--micro-batch", type=int, default=0, help="split each batch (gradient accumulation; 0 = no)")
     ap.add_argument("--seq", type=int, default=4096)
@@ -500,6 +500,7 @@ def main():
     ap.add_argument("--accept-ramp", type=float, default=0.3)
     ap.add_argument("--resume", default=None, help="prefix of saved shards to start from")
     ap.add_argument("--probe", action="store_true", help="run probe.py on the trained model")
+    ap.add_argument("--quick-probe", action="store_true", help="the probe without the context and tool parts")
     ap.add_argument("--stop-at", type=float, default=None,
                     help="wall-clock time (time.time()) by which training stops whatever --seconds says (a GPU call's limit)")
     ap.add_argument("--seed", type=int, default=0)
@@ -533,8 +534,7 @@ def main():
         if el > a.seconds or step >= a.max_steps or (a.stop_at and time.time() > a.stop_at):
             break
         lr = set_lr(opt, a, step, el)
-        frac = min(1.0, el / a.seconds) if a.max_steps >= 10**9 else step / a.max_steps
-        aw = accept_weight(a, frac)
+        aw = accept_weight(a, progress(a, step, el))
         ids, w, epoch = next(it)
         ids, w = ids.to(dev, non_blocking=True), w.to(dev, non_blocking=True).long()
         opt.zero_grad(set_to_none=True)
@@ -560,7 +560,7 @@ def main():
     if a.probe:
         from probe import probe
 
-        res["probe"] = probe(model, a.data, log=P)
+        res["probe"] = probe(model, a.data, log=P, quick=a.quick_probe)
         (out / f"{a.name}.json").write_text(json.dumps(res))
     P("done", json.dumps({k: v for k, v in res.items() if k not in ("args", "probe")}))
 
