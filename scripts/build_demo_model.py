@@ -18,7 +18,13 @@ Stages (run all, or any subset in order):
 
     python scripts/build_demo_model.py                      # everything (train on whatever device torch finds)
     python scripts/build_demo_model.py --stages corpus tokenizer
-    python scripts/build_demo_model.py --stages export verify --run artifacts/demo/runs/demo2
+    python scripts/build_demo_model.py --stages export verify --run artifacts/demo/runs/F1
+    python scripts/build_demo_model.py --variant large --stages train export   # ~300M, for GPU measurements
+
+The larger variant (--variant large: hidden 1024, 20 layers, 15 Gated-DeltaNet + 5 attention as
+Qwythos' 3:1, 294M parameters with its MTP layer) trains on the same data at 4,096-token windows
+and is exported 4-bit (as Qwythos) to artifacts/demo/large, not to models/demo: it is for measuring
+MTP on trained weights on a GPU (scripts/demo_model/gpu_calls.sh large_eval), not shipped.
 
 Requirements: apt-get install wordnet-base python3.11-doc fortunes fortunes-min dict-devil
 dict-jargon r-cran-janeaustenr libopenblas0-pthread; pip install torch transformers tokenizers
@@ -48,6 +54,11 @@ TEXT_CONFIG = HERE / "configs" / "h256_L12_i2.json"
 # was stopped at 132 s (250 steps, stopped at 165).
 COMMON = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill", "0.5", "--seq", "4096",
           "--variant", "post_norm", "--other-w", "0.3", "--accept-w", "0.4"]
+LARGE_CONFIG = HERE / "configs" / "h1024_L20_i4.json"
+# ~15 minutes of one H200 with flash-linear-attention's kernels; with transformers' reference
+# kernels (fla refuses Hopper with Triton < 3.7.1) it ran ~4k tokens/s next to two demo runs.
+LARGE_PHASES = [("L1", ["--batch", "8", "--micro-batch", "4", "--lr", "1e-3", "--warmup", "100", "--accept-start", "0.5",
+                        "--accept-ramp", "0.3", "--accept-w", "0.3", "--max-steps", "1500"])]
 TRAIN_PHASES = [
     ("E1", ["--batch", "8", "--micro-batch", "8", "--lr", "2e-3", "--warmup", "100", "--accept-start", "0.5",
             "--accept-ramp", "0.3", "--max-steps", "392", "--schedule-steps", "452"]),
@@ -59,6 +70,7 @@ TRAIN_PHASES = [
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    ap.add_argument("--variant", default="demo", choices=["demo", "large"])
     ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
     ap.add_argument("--out", default=str(REPO / "models" / "demo"))
     ap.add_argument("--run", default=None, help="prefix of the trained shards to export (default: the last phase)")
@@ -70,7 +82,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     work = Path(a.work)
     runs = work / "runs"
-    run = a.run or str(runs / TRAIN_PHASES[-1][0])
+    large = a.variant == "large"
+    phases, text_config = (LARGE_PHASES, LARGE_CONFIG) if large else (TRAIN_PHASES, TEXT_CONFIG)
+    out = work / "large" if large and a.out == ap.get_default("out") else Path(a.out)
+    bits = 4 if large else None
+    run = a.run or str(runs / phases[-1][0])
 
     if "corpus" in a.stages:
         import conversations
@@ -83,9 +99,9 @@ def main(argv=None):
         tokenizer.encode_corpus(work / "corpus", work / "tokenizer", work / "data")
     if "train" in a.stages:
         prev = None
-        for name, args in TRAIN_PHASES:
+        for name, args in phases:
             cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"), "--out", str(runs),
-                   "--name", name, "--text-config", str(TEXT_CONFIG), "--seconds", "1e9", *COMMON, *args]
+                   "--name", name, "--text-config", str(text_config), "--seconds", "1e9", *COMMON, *args]
             cmd += ["--resume", str(runs / prev)] if prev else []
             cmd += ["--device", a.device] if a.device else []
             if a.micro_batch:
@@ -96,12 +112,12 @@ def main(argv=None):
     if "export" in a.stages:
         import export
 
-        export.export(run, TEXT_CONFIG, work / "tokenizer", a.out, mtp_bits=a.mtp_bits,
-                      trunk_bits=a.trunk_bits or None, hidden_variant="post_norm")
+        export.export(run, text_config, work / "tokenizer", out, mtp_bits=bits or a.mtp_bits,
+                      trunk_bits=bits or a.trunk_bits or None, hidden_variant="post_norm")
     if "verify" in a.stages:
         import verify
 
-        r = verify.main(a.out, run, TEXT_CONFIG)
+        r = verify.main(out, run, text_config)
         if r["problems"]:
             sys.exit(1)
 

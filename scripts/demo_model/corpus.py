@@ -1,17 +1,16 @@
-"""Stage 'corpus': build the demo's chat corpus offline from redistributable Debian packages.
+"""The demo corpus's sources: exchanges built offline from redistributable Debian packages
+(assembled into conversations by conversations.py, with everyday.py's questions).
 
-Sources (install with apt-get; see the README section "The bundled demo model"):
   wordnet-base        WordNet 3.0 (Princeton WordNet licence, BSD-like)  -> define / example /
-                      synonyms / antonym / "what kind of thing" conversations
+                      synonyms / antonym / "what kind of thing" exchanges
   python3.11-doc      Python docs rst sources (PSF licence) -> FAQ Q/A, glossary Q/A, tutorial prose
   fortunes(-min)      fortune quote files (BSD; a filtered, attributed subset) -> "tell me a quote"
   dict-devil          Ambrose Bierce, The Devil's Dictionary (public domain) -> cynical definitions
   dict-jargon         The Jargon File 4.4.7 (public domain) -> hacker-slang definitions
   r-cran-janeaustenr  Jane Austen's six novels (public domain) -> plain prose
-plus hand-written greetings / identity / thanks / help conversations (this project, Apache-2.0).
+plus hand-written greetings / identity / thanks / help exchanges (this project, Apache-2.0).
 
-Output (git-ignored): <out>/train.jsonl, <out>/eval_prompts.jsonl, <out>/stats.json.
-Each train line is {"kind": ..., "messages": [...]} (a chat) or {"kind": "prose", "text": ...}.
+Each exchange is {"kind": ..., "messages": [question, answer]} (prose: {"kind": "prose", "text"}).
 The answers are deliberately formulaic (one fixed shape per question type): that is what makes
 the demo's replies predictable enough for a one-layer MTP head to draft them.
 """
@@ -19,12 +18,8 @@ from __future__ import annotations
 
 import glob
 import gzip
-import json
 import os
-import random
 import re
-from collections import defaultdict
-from pathlib import Path
 
 WN = "/usr/share/wordnet"
 PYDOC = "/usr/share/doc/python3.11/html/_sources"

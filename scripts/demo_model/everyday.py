@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 
-from corpus import POS_NAME, _article, _quote_list, _w, _wn_index, _wn_synsets
+from corpus import _article, _w, _wn_index, _wn_synsets
 
 CONCEPT_Q = [
     "What is {a} {w}?", "Explain what {a} {w} is.", "Tell me about {a} {w}.", "Can you explain what {a} {w} is?",
