@@ -16,8 +16,8 @@ Why each part is there (v1's measured weaknesses, models/demo/README.md):
     short <think> block when the prompt asks for thinking, or an empty one when it turns it off.
 
 Output (git-ignored): <out>/docs.jsonl ({"kind", "text", "spans": [[start, end], ...] of the
-assistant replies in characters}), eval_prompts.jsonl (held-out conversations), train_prompts.jsonl
-(contexts of the training replies, for the on-policy stages), tools_eval.jsonl, stats.json.
+assistant replies in characters}), eval_prompts.jsonl (held-out conversations), tools_eval.jsonl
+(the tool evaluation's requests), stats.json; and heldout_prompts.txt beside this file.
 """
 from __future__ import annotations
 
@@ -286,7 +286,6 @@ def exchanges(rng):
     }
     parts.update(everyday.everyday(rng, wn))
     prose = corpus.python_prose() + corpus.austen()
-    # the dictionary tool's results: the first sense of every noun/verb/adjective in the data
     return parts, prose, wn
 
 
@@ -326,7 +325,7 @@ def build(out_dir, seed=0, eval_frac=0.004, long_frac=0.04, tools_frac=0.08, thi
               if d["kind"] == "capital" and re.match(r"The capital of .+? is (.+?)\. ", d["messages"][1])]
     passages = [p["text"] for p in prose if len(p["text"]) > 400]
 
-    docs, train_prompts = [], []
+    docs = []
     pos = 0
 
     def take(skip=()):
@@ -404,17 +403,12 @@ def build(out_dir, seed=0, eval_frac=0.004, long_frac=0.04, tools_frac=0.08, thi
                 msgs[-1]["reasoning_content"] = think_for(last)
         text, spans = render_doc(render, msgs, tools, thinking, check=len(docs) % 200 == 0)
         docs.append({"kind": kind, "text": text, "spans": spans})
-        if spans[0][0] < 2000:  # the context of the first reply: a prompt for the on-policy stages
-            train_prompts.append(text[: spans[0][0]])
     for p in prose:
         docs.append({"kind": "prose", "text": p["text"], "spans": [[0, len(p["text"])]]})
     rng.shuffle(docs)
     with open(out / "docs.jsonl", "w") as f:
         for d in docs:
             f.write(json.dumps(d) + "\n")
-    with open(out / "train_prompts.jsonl", "w") as f:
-        for t in train_prompts:
-            f.write(json.dumps({"text": t}) + "\n")
     with open(out / "eval_prompts.jsonl", "w") as f:
         for d in eval_set:
             f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
@@ -424,7 +418,6 @@ def build(out_dir, seed=0, eval_frac=0.004, long_frac=0.04, tools_frac=0.08, thi
     stats = {"exchanges": n_all, "held_out_topics_removed": removed, "train_exchanges": len(train),
              "eval_prompts": len(eval_set), "docs": len(docs), "chars": sum(len(d["text"]) for d in docs),
              "docs_by_kind": dict(Counter(d["kind"] for d in docs)),
-             "chars_by_kind": dict(Counter({k: 0 for k in ()})),
              "exchanges_by_source": {k: len(v) for k, v in parts.items()}}
     ck = Counter()
     for d in docs:

@@ -11,6 +11,8 @@
             given the tool's result, whether the answer repeats the definition
 
     python scripts/demo_model/evaluate.py models/demo --json docs/bench/demo-v2-eval.json
+
+(`tools` reads artifacts/demo/corpus/tools_eval.jsonl: run build_demo_model.py --stages corpus first.)
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def encode_corpus(corpus_dir, tok_dir, out_dir):
     info = {"tokens": int(n), "docs": len(docs), "reply_tokens": int(mask.sum()),
             "chars_per_token": round(sum(len(d["text"]) for d in docs) / n, 3),
             "doc_tokens_p50_p90_max": [int(x) for x in np.percentile(np.diff(np.append(starts, n)), [50, 90, 100])]}
-    encode_prompts(corpus_dir, tok, out_dir, tok_dir)
+    encode_prompts(corpus_dir, out_dir, tok_dir)
     (out_dir / "data_info.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info))
     return info
@@ -127,13 +127,12 @@ def encode_corpus(corpus_dir, tok_dir, out_dir):
 CONTEXTS = (64, 1024, 2048, 3500)
 
 
-def encode_prompts(corpus_dir, tok, out_dir, tok_dir):
+def encode_prompts(corpus_dir, out_dir, tok_dir):
     """Prompts as ids, rendered by the app's own code (core.chat) with the built tokenizer and
-    template, for the GPU probe (probe.py) and the on-policy stages: the held-out corpus
-    conversations (eval_prompts.json), the everyday prompts (everyday.json), the race prompts
-    padded to each context as bench.py --context pads them (context_prompts.json), the dictionary
-    requests and their follow-ups (tools_eval.json) and the training replies' contexts
-    (train_prompts.npz)."""
+    template, for the GPU probe (probe.py): the held-out corpus conversations (eval_prompts.json),
+    the everyday prompts (everyday.json), the race prompts padded to each context as bench.py
+    --context pads them (context_prompts.json), the dictionary requests and their follow-ups
+    (tools_eval.json)."""
     from types import SimpleNamespace
 
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -170,10 +169,6 @@ def encode_prompts(corpus_dir, tok, out_dir, tok_dir):
         tools.append(e)
     (Path(out_dir) / "tools_eval.json").write_text(json.dumps(tools))
     shutil.copy(tok_dir / "tokenizer.json", Path(out_dir) / "tokenizer.json")  # the probe decodes with it
-    tp = [json.loads(l)["text"] for l in open(Path(corpus_dir) / "train_prompts.jsonl")]
-    ids = [e.ids for e in tok.encode_batch(tp, add_special_tokens=False)]
-    np.savez_compressed(Path(out_dir) / "train_prompts.npz", tokens=np.concatenate(ids).astype(np.uint16),
-                        lens=np.array([len(x) for x in ids]))
 
 
 # The tools of the tool evaluation (eval_tools.py, probe.py): a dictionary, and one that fits nothing.
