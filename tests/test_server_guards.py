@@ -23,15 +23,20 @@ def login(url, password, source="127.0.0.1"):
 
 def test_failed_sign_ins_are_throttled_per_address(host):
     with served(host, auth=("ann", "correct-horse")) as (url, _):
-        t0 = time.perf_counter()
-        codes = [login(url, f"guess{i}").status_code for i in range(20)]
-        assert codes[:3] == [400, 400, 400] and set(codes[3:]) == {429}, codes    # was 20 x 400 in 0.17 s
-        locked = login(url, "correct-horse")
+        assert [login(url, f"guess{i}").status_code for i in range(3)] == [400, 400, 400]
+        locked = login(url, "correct-horse")                 # within the first 1 s lock
         assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
         assert "try again" in locked.json()["detail"]
-        assert time.perf_counter() - t0 < 5                 # refused at once, not slowed down for everyone
+        t0 = time.perf_counter()
+        burst = [login(url, f"guess{i}").status_code for i in range(16)]      # was 20 x 400 in 0.17 s
+        elapsed = time.perf_counter() - t0
+        # Locks of 1, 2, 4 ... s: a guess gets through only when one has run out, so n answered
+        # guesses need >= 2^n - 1 s (on a loaded machine the burst may outlast the first lock).
+        assert set(burst) <= {400, 429} and 2 ** burst.count(400) - 1 <= elapsed + 1, (burst, elapsed)
         assert login(url, "correct-horse", source="127.0.0.2").status_code == 200   # another address: unaffected
-        time.sleep(float(locked.headers["retry-after"]) + 0.1)
+        still = login(url, "correct-horse")
+        if still.status_code == 429:
+            time.sleep(float(still.headers["retry-after"]) + 0.1)
         assert login(url, "correct-horse").status_code == 200                       # the lock is short
         assert [login(url, "again").status_code for _ in range(3)][-1] == 400          # and a success clears it
 
