@@ -22,6 +22,7 @@ from . import cpu_decode, cpu_prefill, gpu_decode, sidecar
 from .checkpoint import text_config
 from .contract import MTPContract
 from .cpu_layout import to_row_major
+from core.model import State
 from .errors import CheckpointError
 from .mtp_head import build_mtp_head
 
@@ -80,6 +81,17 @@ class Qwen35Adapter:
 
     def make_mtp_cache(self) -> KVCache:
         return KVCache()
+
+    def make_draft(self, cache: list) -> KVCache:
+        """The MTP head's own KV history (positions it has seen, from the trunk's hidden states)."""
+        return KVCache()
+
+    def state_arrays(self, cache: list, draft: Optional[KVCache]) -> list:
+        return [c.state for c in cache] + ([draft.state] if draft is not None else [])
+
+    @property
+    def context_length(self) -> int:
+        return int(text_config(self.config).get("max_position_embeddings") or 4096)
 
     # -- trunk ----------------------------------------------------------------------------
     @gpu_decode.kernels_on
@@ -157,6 +169,47 @@ class Qwen35Adapter:
             return self._fast.head(hidden.reshape(hidden.shape[1:]), embedding.reshape(embedding.shape[1:]), mtp_cache)[None]
         return self.head(hidden, embedding, mtp_cache,
                          attend=cpu_prefill.attention_layer if self._fast is not None else None)
+
+    def absorb(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array) -> None:
+        self.mtp_forward(hidden, tokens, draft, fast=False)
+
+    def draft_step(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array):
+        g = self.mtp_forward(hidden, tokens, draft)[:, -1:]
+        return g, self.lm_head(g)[:, -1]
+
+    def end_cycle(self, draft: KVCache, steps: int) -> None:
+        # The first step's entries are for committed positions; the other steps' are drafts.
+        draft.trim(steps - 1)
+
+    # -- prefix-cache snapshots ------------------------------------------------------------
+    def snapshot(self, cache: list, draft: KVCache) -> State:
+        """Attention KV buffers with their lengths, GDN conv windows and recurrent states, the
+        head's KV history: references to the caches' own arrays."""
+        arrays, meta = {}, {}
+
+        def kv(name, c):
+            meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
+            if c.keys is not None:
+                arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
+
+        for i, c in enumerate(cache):
+            if isinstance(c, KVCache):
+                kv(f"trunk.{i}", c)
+            else:
+                for j, part in enumerate(("conv", "state")):
+                    if c[j] is not None:
+                        arrays[f"trunk.{i}.{part}"] = c[j]
+        kv("draft", draft)
+        return State(arrays, meta)
+
+    def restore(self, state: State, cache: list, draft: KVCache) -> None:
+        a, meta = state.arrays, state.meta
+        for i, c in enumerate(cache):
+            if isinstance(c, KVCache):
+                c.keys, c.values, c.offset = a.get(f"trunk.{i}.keys"), a.get(f"trunk.{i}.values"), meta[f"trunk.{i}.keys.length"]
+            else:
+                c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
+        draft.keys, draft.values, draft.offset = a.get("draft.keys"), a.get("draft.values"), meta["draft.keys.length"]
 
     def describe(self) -> str:
         c = self.contract

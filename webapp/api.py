@@ -24,7 +24,7 @@ from .api_format import DONE, KEEPALIVE, Reply, figures, finish_reason, sse, usa
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
 from .api_text import ReplyShaper
-from .server import is_loopback
+from .netinfo import is_loopback
 from .stops import StopRegistry
 
 MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)

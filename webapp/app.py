@@ -22,6 +22,7 @@ from .race import RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
+from .theme import AUTH_MESSAGE, THEME  # noqa: E402,F401  (THEME: for callers of build_app)
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
 # Checks before a reply (submit, regenerate): through the queue, so a refusal shows its
@@ -53,11 +54,6 @@ ELEMENT_IDS = {
     "min-p": "sampler: min_p", "max-tokens": "sampler: max tokens", "seed": "sampler: seed",
     "depth": "sampler: draft depth (1..N or auto)",
 }
-
-THEME = gr.themes.Soft(
-    font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],      # no web fonts: offline
-    font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
-)
 
 # The sampler sidebar starts open on desktops; on a phone it would cover the page.
 CLOSE_SIDEBAR_ON_PHONES = """() => {
@@ -183,9 +179,6 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
     calm_queue(demo)
     quiet_input_errors(demo)
     return demo
-
-
-AUTH_MESSAGE = "mtp-chat: sign in with the user and password the host gave you."
 
 
 def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,

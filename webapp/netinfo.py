@@ -71,3 +71,13 @@ def lan_addresses() -> List[str]:
 
 def lan_urls(port: int, scheme: str = "http") -> List[str]:
     return [f"{scheme}://{a}:{port}" for a in lan_addresses()]
+
+
+def is_loopback(host: str) -> bool:
+    """A name or address of this machine only (the API is open without a key only there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

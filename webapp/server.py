@@ -10,7 +10,6 @@ must not be torn down by the interpreter's exit (see worker.py).
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import os
@@ -21,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
+
+from .netinfo import is_loopback
 
 LOGIN_PATHS = ("/login",)
 UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
@@ -115,15 +116,6 @@ class LoginThrottle:
 
 
 # --- the app ---------------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def api_policy(host: str, auth, api_key: Optional[str]) -> Tuple[bool, str]:
     """(API on?, why not). Open on this machine without a password, as local model servers
     are; shared (network or password) only with its own key, so /v1 never bypasses --auth."""
@@ -142,7 +134,7 @@ def build_server(model_host, demo, *, auth=None, api=None):
     from fastapi import FastAPI
 
     from .api import OpenAIApi
-    from .app import THEME, AUTH_MESSAGE
+    from .theme import AUTH_MESSAGE, THEME
     from .render import CSS
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
