@@ -94,8 +94,11 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
         return 1
 
     c = adapter.contract
-    tc = text_config(config)
-    out(f"family: {adapter.family} ({type(adapter).__name__})")
+    family = adapters.family_of(config, ckpt)
+    tc = family.FAMILY.text_config(config)
+    out(f"family: {adapter.family} ({type(adapter).__name__})" + (f", {c.num_experts} routed experts" if c.num_experts else ""))
+    out(f"layout: {c.layout}; head from {c.sidecar}")
+    out(f"backend: {adapter.backend.name}")
     out(f"hidden size: {c.hidden_size}")
     out(f"vocab size: {c.vocab_size}")
     out(f"trunk layers: {c.num_layers} = {c.layer_kinds.count('linear')} Gated-DeltaNet (L) + "
@@ -107,7 +110,7 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
     out(f"norm convention: {c.norm_convention} ({c.norm_convention_source})")
     out(f"trunk quantization: {_quant(c.trunk_quantization)}")
     out(f"MTP head quantization: {_quant(c.mtp_quantization)}; {c.mtp_tensor_count} tensors in {c.sidecar}")
-    tied = adapter.model.language_model.args.tie_word_embeddings
+    tied = adapter.tied
     out(f"lm_head: {'tied to embed_tokens' if tied else 'own weights (untied)'}")
     tok = adapter.tokenizer
     out(f"tokenizer: eos {tok.eos_token!r} (id {tok.eos_token_id}), chat template: "
@@ -129,8 +132,8 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
         notes.append("the head's bits/group_size are inferred from the tensor shapes "
                      "(config.json has no mtplx_mtp_quantization).")
     if c.norm_convention_source == "config":
-        tensors = sidecar.read(adapter.path / c.sidecar)
-        guess, how = sidecar.detect_norm_convention(tensors, {})
+        tensors = sidecar.find(adapter.path, config).tensors
+        guess, how = sidecar.detect_norm_convention(tensors, {}, family.head_spec(config)[1])
         if guess != c.norm_convention:
             flags.append(f"config.json says mtp_norm_convention '{c.norm_convention}' but the norm weights "
                          f"look {guess} ({how}): check which is right, a wrong convention drops "
@@ -143,7 +146,7 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
                      "acceptance with both variants (--hidden-variant).")
     if concat_source != "config":
         notes.append("config.json has no mtp_concat_order: using the Qwythos default.")
-    if c.sidecar not in sidecar.registered(config):
+    if c.layout != "Hugging Face" and c.sidecar not in sidecar.registered(config):
         notes.append(f"the sidecar was found at a default location ({c.sidecar}), not through "
                      "mtp_file / mlx_lm_extra_tensors.mtp_file.")
 

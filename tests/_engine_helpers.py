@@ -1,5 +1,4 @@
 """Checkpoints for engine tests: random heads reject nearly everything; a 'mixed' head accepts some."""
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -21,18 +20,10 @@ REJECTING = dict(bits=4, seed=1, frequent_tokens=0, logit_std=2.0, residual_gain
 
 
 def load_modules_path(path, **kwargs):
-    """The adapter with the compiled CPU decode path off: every forward through mlx-lm's own
-    modules, the path GPUs (Metal, CUDA) run."""
-    old = os.environ.get("MTP_CHAT_COMPILED")
-    os.environ["MTP_CHAT_COMPILED"] = "0"
-    try:
-        adapter = load_adapter(path, **kwargs)
-    finally:
-        if old is None:
-            del os.environ["MTP_CHAT_COMPILED"]
-        else:
-            os.environ["MTP_CHAT_COMPILED"] = old
-    assert adapter._fast is None
+    """The adapter with the compiled CPU decode path off: every forward through MLX's own ops
+    (the "mlx" backend, bit-identical to mlx-lm's modules), the path GPUs (Metal, CUDA) run."""
+    adapter = load_adapter(path, compiled=False, log=lambda m: None, **kwargs)
+    assert adapter.backend.name == "mlx"
     return adapter
 
 
