@@ -91,14 +91,15 @@ _FUSED = re.compile(r"^(layers\.0\.mlp)\.experts\.(gate_up_proj|down_proj)(\.sca
 _ONE = re.compile(r"^(layers\.0\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)$")
 
 
-def module_path(name: str) -> str:
-    """The head module's path for a Hugging Face head tensor's base name."""
+def module_paths(name: str) -> Tuple[str, ...]:
+    """The head module's path(s) for a Hugging Face head tensor (fused gate|up feeds two)."""
     rel = base_name(name)[len("mtp."):]
     m = _FUSED.match(rel) or _ONE.match(rel + ".weight")
     if m is None:
-        return rel
+        return (rel,)
     proj = m.group(2) if m.re is _FUSED else m.group(3)
-    return f"{m.group(1)}.switch_mlp.{'gate_proj' if proj == 'gate_up_proj' else proj}"
+    projs = ("gate_proj", "up_proj") if proj == "gate_up_proj" else (proj,)
+    return tuple(f"{m.group(1)}.switch_mlp.{p}" for p in projs)
 
 
 def module_weights(tensors: Dict[str, mx.array]) -> Dict[str, mx.array]:
@@ -131,7 +132,7 @@ def build_mtp_head(head: MTPHead, tensors: Dict[str, mx.array], quantized: set, 
                    quant: Optional[dict], zero_centered: bool) -> MTPHead:
     """Load checked head tensors (Hugging Face names) into `head`, quantizing its modules as stored."""
     if quantized:
-        wanted = {module_path(n): params_for(n, qparams, quant) for n in quantized}
+        wanted = {path: params_for(n, qparams, quant) for n in quantized for path in module_paths(n)}
         nn.quantize(head, class_predicate=lambda path, m: wanted.get(path, False) and {**wanted[path], "mode": "affine"})
     weights = {}
     for name, value in module_weights(tensors).items():
