@@ -12,6 +12,11 @@ each disagreement. When the checkpoint does not load, it says why (the adapter's
 message), prints what config.json alone tells, and points at ``inspect_mtp_weights.py``.
 
 The trunk is loaded as stored (``compute_dtype="native"``), so a 4-bit 9B stays 4-bit.
+
+``--measure`` then measures the head's acceptance (greedy, depth 2, a few chat prompts) for each
+wiring (pre- or post-norm trunk hidden, embedding or hidden first in the concat) and says which
+one the checkpoint needs, as MTPLX Forge calibrates a head: a wrong wiring runs without any error
+at ~0 % acceptance. It loads the model once per wiring, in the compute dtype the app uses.
 Exit status: 0 when nothing is flagged, 1 otherwise (2 for bad arguments).
 """
 from __future__ import annotations
@@ -77,7 +82,34 @@ def _from_config(config: dict, out) -> None:
     out(f"  trunk quantization: {_quant(config.get('quantization'))}")
 
 
-def inspect(model: str, hidden_variant=None, out=print) -> int:
+WIRINGS = [(v, o) for v in ("pre_norm", "post_norm") for o in ("embedding_hidden", "hidden_embedding")]
+# A wiring must beat the checkpoint's own by this much acceptance (at depth 1) to be recommended.
+MARGIN = 0.05
+
+
+def measure_wirings(ckpt, current, out) -> list:
+    """Acceptance per wiring; a FLAG when another wiring beats the checkpoint's own."""
+    from core.probe import measure_acceptance
+
+    rows = []
+    for variant, order in WIRINGS:
+        ad = adapters.load_adapter(ckpt, hidden_variant=variant, concat_order=order, log=lambda m: None)
+        a = measure_acceptance(ad)
+        rows.append(((variant, order), a))
+        mark = "  <- the checkpoint's" if (variant, order) == current else ""
+        out(f"  hidden {variant:9} concat {order:16}: acceptance " + " / ".join(f"{x:.0%}" for x in a.per_depth)
+            + f" per depth{mark}")
+    best, best_a = max(rows, key=lambda r: r[1].first)
+    mine = dict(rows)[current]
+    if best != current and best_a.first > mine.first + MARGIN:
+        return [f"the head accepts more with hidden variant {best[0]} and concat order {best[1]} "
+                f"({best_a.first:.0%} against {mine.first:.0%}): write \"mtp_hidden_variant\": \"{best[0]}\", "
+                f"\"mtp_concat_order\": \"{best[1]}\" into config.json (or run with --hidden-variant)."]
+    out(f"wiring: the checkpoint's own ({current[0]}, {current[1]}) is the best measured.")
+    return []
+
+
+def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -> int:
     flags, notes = [], []
     try:
         ckpt, config = open_checkpoint(model)
@@ -150,6 +182,9 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
         notes.append(f"the sidecar was found at a default location ({c.sidecar}), not through "
                      "mtp_file / mlx_lm_extra_tensors.mtp_file.")
 
+    if measure:
+        out("measured acceptance per wiring:")
+        flags += measure_wirings(ckpt, (c.hidden_variant, c.concat_order), out)
     for n in notes:
         out(f"note: {n}")
     for f in flags:
@@ -166,8 +201,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help="checkpoint directory (the one with config.json)")
     p.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=None,
                    help="override the checkpoint's hidden-state variant")
+    p.add_argument("--measure", action="store_true",
+                   help="measure acceptance for each head wiring and say which one the checkpoint needs")
     args = p.parse_args(argv)
-    return inspect(args.model, hidden_variant=args.hidden_variant)
+    return inspect(args.model, hidden_variant=args.hidden_variant, measure=args.measure)
 
 
 if __name__ == "__main__":
