@@ -156,9 +156,8 @@ def find(ckpt: Path, config: dict) -> Optional[Found]:
     if side is not None:
         return Found("sidecar", (side,), read(side))
     files = head_shards(ckpt)
-    if files:
-        return Found("checkpoint", tuple(files), read_shards(files))
-    return None
+    tensors = read_shards(files) if files else {}
+    return Found("checkpoint", tuple(files), tensors) if tensors else None
 
 
 def no_head_message(ckpt: Path, config: dict) -> str:

@@ -28,18 +28,27 @@ def load_modules_path(path, **kwargs):
 
 
 def make_mixed_head(path: Path) -> Path:
-    """Rewrite the sidecar's fc so the head copies the embedding path of the trunk.
+    """Rewrite the head's fc so the head copies the embedding path of the trunk.
 
     With a random trunk this makes the head's draft match the target's next-next token
     part of the time (about 15-35% at T=0), so cycles see both acceptances and rejections.
+    Works on either layout: the sidecar, or the shard of an original checkpoint holding mtp.fc.
     """
-    side = path / "optiq" / "mtp.safetensors"
-    tensors = mx.load(str(side))
-    H = tensors["mtp.fc.weight"].shape[0]
-    fc = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(tensors["mtp.fc.weight"].dtype)
-    tensors["mtp.fc.weight"] = fc
-    mx.save_safetensors(str(side), tensors)
-    return path
+    import json
+
+    from adapters import sidecar
+
+    found = sidecar.find(path, json.loads((path / "config.json").read_text()))
+    for f in found.files:
+        tensors = mx.load(str(f))
+        key = next((k for k in tensors if sidecar.head_name(k) == "mtp.fc.weight"), None)
+        if key is None:
+            continue
+        H = tensors[key].shape[0]
+        tensors[key] = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(tensors[key].dtype)
+        mx.save_safetensors(str(f), tensors)
+        return path
+    raise AssertionError(f"{path}: no mtp.fc.weight")
 
 
 def exact_joint(adapter, sampler, prompt, n):
