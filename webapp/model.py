@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from .calibration import Calibration
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
@@ -33,7 +34,8 @@ def describe_runtime() -> str:
 class ModelHost:
     """The loaded adapter plus the decoder factory, warm-up and a running AR speed reference."""
 
-    def __init__(self, adapter, settings, path: Optional[Path] = None, worker: Optional[ModelWorker] = None):
+    def __init__(self, adapter, settings, path: Optional[Path] = None, worker: Optional[ModelWorker] = None,
+                 log: Callable[[str], None] = lambda m: None):
         self.worker = worker or ModelWorker()
         self.adapter = adapter
         self.settings = settings
@@ -53,6 +55,8 @@ class ModelHost:
         self.context_length = context_window(adapter, getattr(settings, "max_context", None))
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
+        self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
+                                       self.max_depth, log=log)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
@@ -62,9 +66,9 @@ class ModelHost:
         log(f"Loading model from {path} ...")
         t0 = time.perf_counter()
         worker = ModelWorker()   # the model lives on its own thread (see worker.py)
-        adapter = worker.call(load_adapter, path, hidden_variant=settings.hidden_variant)
+        adapter = worker.call(load_adapter, path, settings=settings, log=log)
         log(f"Loaded in {time.perf_counter() - t0:.1f} s")
-        return cls(adapter, settings, path, worker)
+        return cls(adapter, settings, path, worker, log=log)
 
     # --- decoding -----------------------------------------------------------------
     def decoder(self, mode: str, params: RunParams):
@@ -84,6 +88,9 @@ class ModelHost:
         the reply starts inside a think block (None: find out from the prompt)."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
+        if mode == "mtp" and params.depth == "auto":
+            # Never measured inside a request: this one decodes with what is known, the rest in idle time.
+            self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
         stream = self.worker.stream(lambda: self.decoder(mode, params).stream(
             prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking))
         stream.stop_event = stop
@@ -161,9 +168,8 @@ class ModelHost:
             _, stats = self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
             if mode == "ar":
                 self.note_ar_speed(stats.tokens_per_second, stats.generated_tokens)
-        from core import measure_costs
-
-        self.worker.call(lambda: measure_costs(self.adapter))  # fixed depths then report predicted speedups
+        # The cost model ('auto', and the predicted speed-up of fixed depths): saved, or measured now.
+        self.calibration.measure_now()
         log(f"Warm-up done in {time.perf_counter() - t0:.1f} s"
             + (f" (AR {self._ar_tps:.1f} tok/s)" if self._ar_tps else ""))
 
