@@ -33,7 +33,8 @@ def imports(package: str):
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                targets = [target] + [f"{target}.{a.name}" for a in node.names]
+                # `from . import x` imports the submodule x, not the package that holds it
+                targets = ([target] if node.module else []) + [f"{target}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
