@@ -218,3 +218,17 @@ def test_fast_rng_for_big_draws():
     assert big.shape == (1024, 1025) and abs(float(big.std()) - 1) < 0.01
     assert rng.standard_normal(4).shape == (4,)
     assert rng.choice(np.arange(10), size=3, replace=False).shape == (3,)
+
+
+def test_the_moe_gpu_checkpoint_builder_at_a_small_shape(tmp_path):
+    """scripts/gpu_make_checkpoint.py's MoE path (the 35B-A3B / Next-80B-A3B shapes on a GPU), at a
+    shape this CPU runs: it loads, with its bf16 head, and greedy MTP == AR."""
+    from scripts.gpu_make_checkpoint import build_moe
+
+    ad = load_adapter(build_moe(str(tmp_path / "moe"), "moe-small"))
+    assert ad.contract.family == "qwen3_5_moe" and ad.contract.num_experts == 4
+    assert ad.contract.trunk_quantization["bits"] == 4 and ad.contract.mtp_quantization is None
+    assert ad.contract.hidden_variant_source.startswith("family default")
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate([5, 6, 7], max_tokens=24)
+    assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate([5, 6, 7], max_tokens=24)[0] == ar
