@@ -3,8 +3,8 @@
 Accepting draft x with probability min(1, p(x)/q(x)) and replacing the first rejected
 one with a draw from norm(max(p - q, 0)) makes every committed token follow p exactly.
 
-The two distributions that make this true, `acceptance_probability` and
-`correction_distribution`, are functions of their own so that tests can enumerate a cycle's
+The distributions that make this true, `acceptance_probability`, `correction_distribution`
+and `bonus_distribution`, are functions of their own so that tests can enumerate a cycle's
 every outcome with them (tests/test_acceptance_exact.py) instead of sampling it.
 """
 from __future__ import annotations
@@ -47,6 +47,14 @@ def correction_distribution(p, q) -> Tuple[object, mx.array]:
     return (None if p_idx is None else p_idx[:D]), residual(p[:D], q_on_p)
 
 
+def bonus_distribution(p, drafts: mx.array) -> Tuple[object, mx.array]:
+    """(indices or None, probabilities): the target's row after the last draft, which the bonus
+    token is drawn from when every draft passed."""
+    D = drafts.shape[0]
+    p_idx, p = _as_support(p)
+    return (None if p_idx is None else p_idx[D:]), p[D:]
+
+
 def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) -> Tuple[mx.array, mx.array, mx.array]:
     """p: target [D+1, V] probabilities, q: draft [D, V], drafts [D] -> (accepted [D], corrections [D], bonus [1]).
 
@@ -67,8 +75,8 @@ def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) 
     accepted = mx.random.uniform(shape=(D,), key=keys[0]) < acceptance_probability(p, q, drafts)
     c_idx, c = correction_distribution(p, q)
     corrections = _token(c_idx, categorical(c, keys[1]))
-    p_idx, p = _as_support(p)
-    bonus = _token(None if p_idx is None else p_idx[D:], categorical(p[D:], keys[2]))
+    b_idx, b = bonus_distribution(p, drafts)
+    bonus = _token(b_idx, categorical(b, keys[2]))
     return accepted, corrections, bonus
 
 

@@ -16,8 +16,10 @@ positions are reusable.
 
 MLX arrays are immutable values (an in-place update only happens when nothing else holds the
 buffer), so a snapshot holds references, never copies, and a lane decoding after a restore
-cannot change it: a Stop mid-reply leaves every snapshot as it was. Reuse is matched on
-token ids (longest stored prefix of the new prompt), never on message text.
+cannot change it: a Stop mid-reply leaves every snapshot as it was. The exception is the Python
+array object itself: a KV cache writes `keys[..., i:j, :] = new`, which rebinds that object, so
+an adapter's `restore` gives every cache its own objects over the snapshot's data. Reuse is
+matched on token ids (longest stored prefix of the new prompt), never on message text.
 """
 from __future__ import annotations
 

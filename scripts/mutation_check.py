@@ -36,6 +36,7 @@ TEACHER = "tests/test_engine_exactness.py::test_caches_after_speculation_equal_t
 ROLLBACK = "tests/test_adapter_forward.py::test_rollback_equals_a_run_that_never_speculated"
 STATE = "tests/test_prefix_state.py"
 PREFIX = "tests/test_prefix_cache.py::test_greedy_replies_identical_with_and_without_the_cache"
+SHARED = "tests/test_race_truth.py::test_two_lanes_restored_from_one_snapshot_do_not_write_into_each_other"
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ MUTANTS: List[Mutant] = [
            "return mx.minimum(p_x / q_x, 1.0)", "return mx.minimum(q_x / p_x, 1.0)",
            (EXACT, SAMPLED)),
     Mutant("bonus drawn from the last draft's row", "core/acceptance.py",
-           "categorical(p[D:], keys[2])", "categorical(p[D - 1 : D], keys[2])",
+           "return (None if p_idx is None else p_idx[D:]), p[D:]",
+           "return (None if p_idx is None else p_idx[D - 1 : D]), p[D - 1 : D]",
            (EXACT, SAMPLED)),
     Mutant("off-by-one rollback of the attention KV", "adapters/qwen3_5/adapter.py",
            "c.trim(drop)", "c.trim(drop - 1)",
@@ -73,17 +75,21 @@ MUTANTS: List[Mutant] = [
            "draft.trim(steps - 1)", "draft.trim(max(steps - 2, 0))",
            (TEACHER,)),
     Mutant("head history restored one entry short", "adapters/qwen3_5/adapter.py",
-           'draft.keys, draft.values, draft.offset = a.get("draft.keys"), a.get("draft.values"), meta["draft.keys.length"]',
-           'draft.keys, draft.values, draft.offset = a.get("draft.keys"), a.get("draft.values"), meta["draft.keys.length"] - 1',
+           'draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]',
+           'draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"] - 1',
            (STATE, PREFIX)),
     Mutant("head history dropped on restore", "adapters/qwen3_5/adapter.py",
-           'draft.keys, draft.values, draft.offset = a.get("draft.keys"), a.get("draft.values"), meta["draft.keys.length"]',
+           'draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]',
            "pass",
            (STATE, PREFIX)),
     Mutant("snapshot stored under the wrong key", "core/stream.py",
            "prefix_cache.store(Snapshot(tuple(ids[:b]), adapter.snapshot(cache, draft), h_last))",
            "prefix_cache.store(Snapshot(tuple(ids[:b - 1]), adapter.snapshot(cache, draft), h_last))",
            (STATE, PREFIX)),
+    Mutant("restored caches share the snapshot's KV array objects", "adapters/qwen3_5/adapter.py",
+           'c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]',
+           'c.keys, c.values, c.offset = a.get(f"trunk.{i}.keys"), a.get(f"trunk.{i}.values"), meta[f"trunk.{i}.keys.length"]',
+           (SHARED,)),
     Mutant("prefill feeds the head the wrong tokens", "core/stream.py",
            "adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])",
            "adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] - 1 : b - 1])",

@@ -2,7 +2,8 @@
 
 Small hand-made target and draft "models" (a few tokens, logits that depend on the whole
 context) go through the engine's own sampler (`SamplerConfig.support` / `probs`) and its own
-acceptance functions (`acceptance_probability`, `correction_distribution`, `accepted_prefix`).
+acceptance functions (`acceptance_probability`, `correction_distribution`, `bonus_distribution`,
+`accepted_prefix`).
 For every draft sequence and every accept/reject outcome of a cycle at depth D, the test
 multiplies out the probability of what the cycle emits, lets the target continue to D + 1
 tokens, and asserts the result equals the target's own distribution of D + 1 tokens, to float
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 from core import SamplerConfig
-from core.acceptance import acceptance_probability, accepted_prefix, correction_distribution, verify_drafts
+from core.acceptance import (acceptance_probability, accepted_prefix, bonus_distribution, correction_distribution,
+                             verify_drafts)
 
 V = 6
 
@@ -59,6 +61,16 @@ def as_engine_input(sampler, rows):
     return sampler.support(mx.array(np.stack(rows)))
 
 
+def as_dense(idx, probs, rows):
+    """An engine distribution (indices or None, probabilities) as dense numpy rows over V."""
+    out, probs = np.zeros((rows, V)), np.array(probs).astype(np.float64)
+    if idx is None:
+        out[:, : probs.shape[1]] = probs
+    else:
+        np.put_along_axis(out, np.array(idx), probs, axis=1)
+    return out
+
+
 def cycle_distribution(sampler, ctx, depth):
     """{tokens: probability} of D + 1 tokens: one speculative cycle, then the target alone."""
     out = {}
@@ -79,14 +91,8 @@ def cycle_distribution(sampler, ctx, depth):
         P, Q = as_engine_input(sampler, p_rows), as_engine_input(sampler, q_rows)
         d_arr = mx.array(drafts, dtype=mx.int32)
         acc = np.array(acceptance_probability(P, Q, d_arr)).astype(np.float64)
-        c_idx, c = correction_distribution(P, Q)
-        corr = np.zeros((depth, V))
-        c = np.array(c).astype(np.float64)
-        if c_idx is None:
-            corr[:, : c.shape[1]] = c
-        else:
-            np.put_along_axis(corr, np.array(c_idx), c, axis=1)
-        bonus = dense(sampler, p_rows[depth])
+        corr = as_dense(*correction_distribution(P, Q), rows=depth)
+        bonus = as_dense(*bonus_distribution(P, d_arr), rows=1)[0]
         # every pattern of per-draft decisions (each drawn independently, as verify_drafts does)
         for flags in itertools.product([True, False], repeat=depth):
             pr = q_prob * np.prod([a if f else 1 - a for a, f in zip(acc, flags)])

@@ -32,6 +32,14 @@ class Captured:
     gdn: dict = field(default_factory=dict)
 
 
+def _own(a):
+    """A new array object over the same data (a view, no copy). Two caches restored from one
+    snapshot must not hold the same object: KVCache writes `keys[..., i:j, :] = new`, which rebinds
+    that object, so each lane's writes would show up in the other's attention (the race runs two
+    lanes from one snapshot at once; tests/test_race_truth.py)."""
+    return None if a is None else a[...]
+
+
 class HybridAdapter:
     """A loaded Qwen3.5 / Qwen3.5-MoE / Qwen3-Next checkpoint: trunk, MTP head, backend."""
 
@@ -161,13 +169,14 @@ class HybridAdapter:
         return State(arrays, meta)
 
     def restore(self, state: State, cache: list, draft: KVCache) -> None:
+        """Each KV cache gets its own array objects over the snapshot's data (`_own`)."""
         a, meta = state.arrays, state.meta
         for i, c in enumerate(cache):
             if isinstance(c, KVCache):
-                c.keys, c.values, c.offset = a.get(f"trunk.{i}.keys"), a.get(f"trunk.{i}.values"), meta[f"trunk.{i}.keys.length"]
+                c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
             else:
                 c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
-        draft.keys, draft.values, draft.offset = a.get("draft.keys"), a.get("draft.values"), meta["draft.keys.length"]
+        draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
 
     # -- for people --------------------------------------------------------------------------
     def describe(self) -> str:

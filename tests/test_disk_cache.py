@@ -1,0 +1,171 @@
+"""The prefix cache's disk store on its own: round trips, and every fault loses only the bad entry.
+
+(The restart of a real server, turn 11 after 10 turns, is in tests/test_disk_restart.py.)
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from core.disk_cache import TMP, DiskCache, clear_all, model_identity
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def arrays(seed=0, n=64):
+    mx.random.seed(seed)
+    return {"trunk.0.keys": mx.random.normal((1, 2, n, 8)), "trunk.1.state": mx.random.normal((1, 4, 8, 8)),
+            "trunk.2.conv": mx.random.normal((1, 3, 16)).astype(mx.bfloat16), "draft.values": mx.random.normal((1, 2, n - 1, 8))}
+
+
+def cache(tmp_path, identity="model-a", budget=2**30, ttl=3600.0):
+    said = []
+    return DiskCache(tmp_path, identity, budget, ttl, say=said.append), said
+
+
+def entry_file(dc):
+    files = [f for f in dc.dir.iterdir() if f.suffix == ".safetensors"]
+    assert len(files) == 1
+    return files[0]
+
+
+def test_a_snapshot_round_trips_bit_for_bit_and_is_found_by_prefix(tmp_path):
+    dc, said = cache(tmp_path)
+    ids = tuple(range(10, 74))
+    a = arrays()
+    assert dc.store(ids, a, {"trunk.0.keys.length": 64, "kind": "qwen3_5"})
+    again, _ = cache(tmp_path)                        # a new process: the index is read back from the folder
+    e = again.longest(ids + (5, 6))
+    assert e is not None and e.ids == ids
+    assert again.longest(ids) is None                 # a prompt must leave a token to run
+    assert again.longest((10, 11, 99)) is None
+    got_ids, got, meta = again.load(e)
+    assert got_ids == ids and meta == {"trunk.0.keys.length": 64, "kind": "qwen3_5"}
+    assert set(got) == set(a)
+    for k in a:
+        assert got[k].dtype == a[k].dtype and mx.array_equal(got[k], a[k]).item(), k
+    assert said == []
+
+
+def test_another_model_never_reads_the_entries(tmp_path):
+    dc, _ = cache(tmp_path, "model-a")
+    dc.store((1, 2, 3), arrays(), {})
+    other, said = cache(tmp_path, "model-b")
+    assert other.longest((1, 2, 3, 4)) is None and len(other) == 0
+    # and a file copied into the wrong model's folder is refused by what it says inside
+    f = entry_file(dc)
+    os.rename(f, other.dir / f.name)
+    third, said = cache(tmp_path, "model-b")
+    assert len(third) == 0 and len(said) == 1 and "another model" in said[0]
+    assert not (other.dir / f.name).exists()
+
+
+@pytest.mark.parametrize("fault", ["truncated", "flipped byte", "empty file", "garbage"])
+def test_a_damaged_entry_is_skipped_with_one_line_and_removed(tmp_path, fault):
+    dc, _ = cache(tmp_path)
+    ids = tuple(range(40))
+    dc.store(ids, arrays(), {})
+    dc.store(tuple(range(100, 140)), arrays(1), {})   # a good neighbour that must survive
+    bad = dc.dir / [f.name for f in dc.dir.iterdir() if f.suffix == ".safetensors"][0]
+    good_ids = tuple(range(100, 140)) if dc.longest(ids + (1,)).path == bad else ids
+    bad = dc.longest(ids + (1,)).path
+    data = bad.read_bytes()
+    if fault == "truncated":
+        bad.write_bytes(data[: len(data) * 2 // 3])
+    elif fault == "flipped byte":
+        b = bytearray(data)
+        b[-100] ^= 0x40                               # inside the last array's data
+        bad.write_bytes(bytes(b))
+    elif fault == "empty file":
+        bad.write_bytes(b"")
+    else:
+        bad.write_bytes(os.urandom(len(data)))
+    again, said = cache(tmp_path)
+    e = again.longest(ids + (1,))
+    if e is not None:                                 # the header still read: the load must refuse it
+        assert again.load(e) is None
+    assert again.longest(ids + (1,)) is None
+    assert len(said) == 1 and bad.name in said[0], said
+    assert not bad.exists()
+    neighbour = again.longest(good_ids + (1,))
+    assert neighbour is not None and again.load(neighbour) is not None
+
+
+def test_a_write_killed_midway_leaves_no_entry(tmp_path):
+    """kill -9 while a large entry is being written: the next start finds no half entry (the
+    write goes to a temporary name, renamed only when complete) and cleans up the leftover."""
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(REPO)!r})
+        import adapters  # the BLAS preload, as the app does
+        import mlx.core as mx
+        from core.disk_cache import DiskCache
+        dc = DiskCache({str(tmp_path)!r}, "model-a", 2**34, 3600.0)
+        big = {{"x": mx.random.normal((64, 1024, 1024))}}   # 256 MiB: seconds to hash and write
+        mx.eval(big)
+        print("ready", flush=True)
+        i = 0
+        while True:
+            dc.store(tuple(range(i, i + 8)), big, {{}})
+            i += 1
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.5)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    dc, said = cache(tmp_path, budget=2**34)
+    for e in list(dc._entries.values()):             # whatever was complete loads
+        assert dc.load(e) is not None
+    assert not [f for f in dc.dir.iterdir() if f.name.endswith(TMP)]
+    assert said == []
+
+
+def test_a_read_only_folder_turns_writing_off_with_one_line(tmp_path):
+    if os.geteuid() == 0:
+        # root ignores permissions: a folder on a full or read-only device is the real case;
+        # a file where the folder should be fails the same way (ENOTDIR) for every user.
+        (tmp_path / "model-a").write_text("not a folder")
+    else:
+        (tmp_path / "model-a").mkdir()
+        (tmp_path / "model-a").chmod(0o500)
+    dc, said = cache(tmp_path)
+    assert not dc.store((1, 2, 3), arrays(), {}) and not dc.store((4, 5, 6), arrays(), {})
+    assert len(said) == 1 and "writing off" in said[0]
+    assert dc.longest((1, 2, 3, 4)) is None
+
+
+def test_the_budget_keeps_the_most_recently_used(tmp_path):
+    one = sum(a.nbytes for a in arrays().values())
+    dc, _ = cache(tmp_path, budget=int(2.5 * one))
+    for i in range(3):
+        assert dc.store((i,) * 5, arrays(i), {})
+        time.sleep(0.02)
+        if i == 1:
+            assert dc.load(dc.longest((0,) * 6)) is not None   # entry 0 used again: entry 1 is the oldest now
+    assert dc.longest((1,) * 6) is None and dc.longest((0,) * 6) and dc.longest((2,) * 6)
+    assert dc.nbytes <= 2.5 * one + 4096 * 3
+    assert not dc.store((9,) * 5, {"big": mx.zeros((int(3 * one) // 4,))}, {})   # larger than the budget
+
+
+def test_entries_older_than_the_ttl_are_removed(tmp_path):
+    dc, _ = cache(tmp_path, ttl=60.0)
+    dc.store((1, 2, 3), arrays(), {})
+    old = time.time() - 120
+    os.utime(entry_file(dc), (old, old))
+    again, _ = cache(tmp_path, ttl=60.0)
+    assert len(again) == 0 and not list(again.dir.glob("*.safetensors"))
+
+
+def test_clear_all_and_model_identity(tmp_path, tiny_model_dir):
+    dc, _ = cache(tmp_path)
+    dc.store((1, 2, 3), arrays(), {})
+    files, nbytes = clear_all(tmp_path)
+    assert files == 1 and nbytes > 0 and not any(tmp_path.iterdir())
+    a = model_identity(tiny_model_dir, ["float32"])
+    assert a == model_identity(tiny_model_dir, ["float32"]) != model_identity(tiny_model_dir, ["bfloat16"])
