@@ -137,7 +137,8 @@ def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -
         f"{c.layer_kinds.count('full')} full attention (A): {_kinds_string(c.layer_kinds)}")
     out(f"MTP layers: {c.mtp_num_layers}")
     out(f"hidden variant: {c.hidden_variant} ({c.hidden_variant_source})")
-    concat_source = "config" if "mtp_concat_order" in config else "Qwythos default"
+    concat_source = "config" if "mtp_concat_order" in config else (
+        "Qwythos default" if adapter.family == "qwen3_5" else "default: embedding first")
     out(f"concat order: {c.concat_order} ({concat_source})")
     out(f"norm convention: {c.norm_convention} ({c.norm_convention_source})")
     out(f"trunk quantization: {_quant(c.trunk_quantization)}")
@@ -173,11 +174,11 @@ def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -
     else:
         notes.append("config.json has no mtp_norm_convention: the convention was detected from the "
                      "weights' magnitude; record it in config.json to be sure.")
-    if c.hidden_variant_source == "Qwythos default":
-        notes.append("config.json has no mtp_hidden_variant: using the Qwythos default; measure "
+    if c.hidden_variant_source not in ("config", "override"):
+        notes.append(f"config.json has no mtp_hidden_variant: using the {c.hidden_variant_source}; measure "
                      "acceptance with both variants (--hidden-variant).")
     if concat_source != "config":
-        notes.append("config.json has no mtp_concat_order: using the Qwythos default.")
+        notes.append(f"config.json has no mtp_concat_order: using the {concat_source}.")
     if c.layout != "Hugging Face" and c.sidecar not in sidecar.registered(config):
         notes.append(f"the sidecar was found at a default location ({c.sidecar}), not through "
                      "mtp_file / mlx_lm_extra_tensors.mtp_file.")
