@@ -22,7 +22,6 @@ from .race import RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
-from .theme import AUTH_MESSAGE, THEME  # noqa: E402,F401  (THEME: for callers of build_app)
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
 # Checks before a reply (submit, regenerate): through the queue, so a refusal shows its

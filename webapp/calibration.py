@@ -14,7 +14,6 @@ request did it inside itself, every user behind it stalled as long. Now:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform

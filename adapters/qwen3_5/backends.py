@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
