@@ -90,6 +90,11 @@ def main() -> int:
             rows.append(row)
             lanes = "  ".join(f"{l} {row['lanes'][l]['median_paired_ratio']:.3f}" for l in LANES)
             print(f"T={t} depth {d}: after/before {lanes}  (same text: {row['same_sample_text']})", flush=True)
+            write(args, before, after, model, rows)  # after every configuration: a cut-short run keeps its rows
+    return 0
+
+
+def write(args, before: Path, after: Path, model: Path, rows: list) -> None:
     slowest = min((r["lanes"][l]["median_paired_ratio"], l, r["temperature"], r["depth"])
                   for r in rows for l in ("ar", "mtp"))
     report = {"before": {"path": str(before), "commit": git_head(before)},
@@ -97,10 +102,10 @@ def main() -> int:
               "model": str(model), "repeats": args.repeats, "max_tokens": args.max_tokens,
               "prompts_file": args.prompts_file, "configs": rows,
               "slowest_lane": {"ratio": slowest[0], "lane": slowest[1], "temperature": slowest[2], "depth": slowest[3]}}
-    print(f"slowest of our lanes: {slowest[1]} at T={slowest[2]} depth {slowest[3]}: after/before {slowest[0]:.3f}")
+    print(f"slowest of our lanes so far: {slowest[1]} at T={slowest[2]} depth {slowest[3]}: "
+          f"after/before {slowest[0]:.3f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
