@@ -1,7 +1,19 @@
 """Checkpoint families: `load_adapter(path)` detects the family and returns its adapter.
 
-A new family (for example DeepSeek-V3-style `eh_proj` heads) is one new module with a
-`MODEL_TYPES` tuple and a `load(path, config, **options)` function, registered below.
+An adapter implements core.model.Adapter, the contract core decodes through. A family is a
+package (adapters/qwen3_5/, adapters/qwen3_5_moe/, adapters/qwen3_next/) with a `MODEL_TYPES`
+tuple, a `load(path, config, options)` function and, for the head checks of the inspection
+scripts, `FAMILY.label` and `head_spec(config)`. To add one:
+
+1. write its package: the layers as reference math (or reuse a family's, as the Qwen MoE and
+   Next heads reuse adapters/qwen3_5), an adapter class with the contract's methods, a loader
+   that checks its head before it loads the trunk and refuses a bad checkpoint naming the tensor;
+2. register the package below;
+3. teach scripts/make_tiny_checkpoint.py its config keys and tensor names, so that tests can
+   make random checkpoints of it in both layouts (MLX conversion + sidecar, Hugging Face).
+
+Nothing in core/ or webapp/ changes for a new family. Kernels any family can use live in
+adapters/kernels/.
 """
 from __future__ import annotations
 
@@ -9,28 +21,42 @@ from __future__ import annotations
 from .runtime import preload_blas as _preload; _preload()  # noqa: E402,E702,I001
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
-from . import qwen3_5
+from . import qwen3_5, qwen3_5_moe, qwen3_next
 from .checkpoint import open_checkpoint
 from .contract import MTPContract
 from .errors import CheckpointError
+from .options import LoadOptions
 
-FAMILIES = {t: module for module in (qwen3_5,) for t in module.MODEL_TYPES}
+FAMILIES = {t: package for package in (qwen3_5, qwen3_5_moe, qwen3_next) for t in package.MODEL_TYPES}
+
+
+def family_of(config: dict, where: Union[str, Path] = "config.json"):
+    """The family package for a config.json's model_type, or a CheckpointError naming the ones there are."""
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None:
+        raise CheckpointError(
+            f"{where}: model_type '{config.get('model_type')}' is not supported. Supported: "
+            f"{', '.join(sorted(FAMILIES))} (Qwen3.5 / Qwythos, Qwen3.5/3.6-MoE and Qwen3-Next with their MTP head)."
+        )
+    return family
 
 
 def load_adapter(
-    path: Union[str, Path], *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto"
+    path: Union[str, Path], *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto",
+    compiled: Optional[bool] = None, gpu_kernels: Optional[bool] = None, concat_order: Optional[str] = None,
+    log: Optional[Callable[[str], None]] = None, settings=None,
 ):
-    """Load trunk + MTP head. compute_dtype: "auto" (fp32 on the CPU backend), "float32", "native"."""
+    """Load trunk + MTP head. compute_dtype: "auto" (fp32 on the CPU backend), "float32", "native".
+
+    compiled / gpu_kernels / hidden_variant: None takes the settings' value (core.settings)."""
     ckpt, config = open_checkpoint(path)
-    family = FAMILIES.get(config["model_type"])
-    if family is None:
-        raise CheckpointError(
-            f"{ckpt}: model_type '{config['model_type']}' is not supported. Supported: "
-            f"{', '.join(sorted(FAMILIES))} (Qwen3.5 / Qwythos with an MTP sidecar)."
-        )
-    return family.load(ckpt, config, hidden_variant=hidden_variant, compute_dtype=compute_dtype)
+    family = family_of(config, ckpt)
+    options = LoadOptions.from_settings(settings, hidden_variant=hidden_variant, compute_dtype=compute_dtype,
+                                        compiled=compiled, gpu_kernels=gpu_kernels, concat_order=concat_order,
+                                        log=log)
+    return family.load(ckpt, config, options)
 
 
-__all__ = ["load_adapter", "CheckpointError", "MTPContract", "FAMILIES"]
+__all__ = ["load_adapter", "family_of", "CheckpointError", "MTPContract", "FAMILIES", "LoadOptions"]

@@ -24,7 +24,10 @@ class MTPContract:
     trunk_quantization: Optional[dict]  # {"bits", "group_size"} or None (float trunk)
     mtp_quantization: Optional[dict]  # bits/group_size of the sidecar linears, None if float
     mtp_tensor_count: int
-    sidecar: str  # path of the sidecar, relative to the checkpoint
+    sidecar: str  # where the head was found: the sidecar's path relative to the checkpoint, or "mtp.* in <shards>"
+    family: str = "qwen3_5"
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    layout: str = "mlx + sidecar"  # or "Hugging Face" (the original checkpoint, mtp.* in its shards)
 
     def summary(self) -> str:
         kinds = "".join("L" if k == "linear" else "A" for k in self.layer_kinds)
@@ -35,5 +38,6 @@ class MTPContract:
             f"mtp_num_layers={self.mtp_num_layers}, hidden_variant='{self.hidden_variant}' ({self.hidden_variant_source}), "
             f"concat_order='{self.concat_order}', norm_convention='{self.norm_convention}' ({self.norm_convention_source}), "
             f"trunk_quantization={self.trunk_quantization}, mtp_quantization={self.mtp_quantization}, "
-            f"mtp_tensors={self.mtp_tensor_count}, sidecar='{self.sidecar}')"
+            f"mtp_tensors={self.mtp_tensor_count}, sidecar='{self.sidecar}', family='{self.family}', "
+            f"num_experts={self.num_experts}, layout='{self.layout}')"
         )

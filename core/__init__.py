@@ -5,8 +5,10 @@ from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prom
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
 from .reasoning import ThinkSplitter, opens_thinking, split_reply
-from .costs import Costs, DepthPolicy, measure_costs, predicted_speedup
+from .costs import Costs, DepthPolicy, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
+from .calibrate import measure_costs
+from .model import Adapter, State
 from .sampling import NonFiniteLogitsError, SamplerConfig
 from .logprobs import TokenLogprob, prompt_logprobs
 from .stats import GenerationStats
@@ -17,6 +19,6 @@ __all__ = [
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
     "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
     "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
-    "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Constraint", "GrammarError",
-    "TokenLogprob", "prompt_logprobs",
+    "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Adapter", "State",
+    "Constraint", "GrammarError", "TokenLogprob", "prompt_logprobs",
 ]

@@ -8,17 +8,16 @@ step), and whole cycles timed as the lanes run them (the AR lane pipelined, full
 draft-verify-accept-commit cycles). The whole cycle is what predictions use: on a CPU
 the acceptance test, finiteness checks, the head catching up on two positions and the
 host's bookkeeping add ~0.2-0.4 AR steps that the parts miss.
+
+Measuring belongs to calibration (core/calibrate.py), at warm-up or in idle time; this module
+only holds what was measured and decides with it, so a request never waits for a measurement.
 """
 from __future__ import annotations
 
 import math
-import statistics
-import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
-
-import mlx.core as mx
+from typing import Callable, Dict, List, Optional, Union
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -44,6 +43,14 @@ class Costs:
             "cycle": {str(d): v for d, v in self.cycles.items()},
             "cycle_from_parts": {str(d): self.parts(d) for d in range(1, max(self.verify))},
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Costs":
+        """The inverse of as_dict (a saved calibration)."""
+        return cls(ar_step_seconds=d["ar_step_ms"] / 1e3,
+                   verify={int(k): float(v) for k, v in d["verify_width"].items()},
+                   mtp_step=float(d["mtp_step"]),
+                   cycles={int(k): float(v) for k, v in d.get("cycle", {}).items()})
 
 
 def expected_tokens(acceptance: List[float], depth: int) -> float:
@@ -74,99 +81,14 @@ def cached_costs(adapter, context: int = 64) -> Optional[Costs]:
     return by_bucket[min(by_bucket, key=lambda b: abs(math.log(b / want)))]
 
 
-def measure_costs(adapter, max_width: int = 5, context: int = 64, repeats: int = 7) -> Costs:
-    """Time the decode-time operations on a warm cache at this context's bucket (once per
-    adapter and bucket, then cached)."""
-    bucket = context_bucket(context)
-    cached = (_CACHE.get(adapter) or {}).get(bucket)
-    if cached is not None and max(cached.verify) >= max_width:
-        return cached
-    from .chat import padded_chat_prompt
-    from .limits import context_window
-    from .prefix_cache import PrefixCache
-    from .sampling import SamplerConfig
-    from .stream import Prompt, prefill
+def measured(adapter) -> Dict[int, Costs]:
+    """Every bucket measured for this adapter (bucket -> costs)."""
+    return dict(_CACHE.get(adapter) or {})
 
-    sampler = SamplerConfig()
-    # One chat prompt at the bucket's length (within the model's context, with room to decode),
-    # prefilled once: the verify timings and every lane of measure_cycles restore it.
-    length = max(64, min(bucket, context_window(adapter) - 512))
-    ids = padded_chat_prompt(adapter, "Define the word harbor.", length)
-    shared = PrefixCache(2**40)
-    cache, mtp_cache = adapter.make_cache(), adapter.make_mtp_cache()
-    hidden = prefill(adapter, Prompt(tuple(ids), (len(ids) - 1,)), cache, mtp_cache, shared).hidden
-    tokens = mx.array([ids[-8:]], dtype=mx.int32)
 
-    def timed(fn) -> float:
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - t0)
-        return statistics.median(runs[1:])  # the first run warms up
-
-    def verify(width: int):
-        def run():
-            # As the decoders do it: forward, the sampler's support, and (width > 1) commit one
-            # position from the captured state, so the context grows by one token per run.
-            logits, _, cap = adapter.forward(tokens[:, :width], cache, capture=width > 1)
-            support = sampler.support(logits[0])
-            if cap is not None:
-                adapter.rollback(cache, cap, keep=1)
-            mx.eval(support, [c.state for c in cache])
-        return run
-
-    def mtp_step():
-        g = adapter.mtp_forward(hidden[:, -1:], tokens[:, -1:], mtp_cache)
-        mx.eval(sampler.draw(adapter.lm_head(g)[0], mx.random.key(1)))
-        mtp_cache.trim(1)
-
-    base = timed(verify(1))
-    costs = Costs(
-        ar_step_seconds=base,
-        verify={w: (timed(verify(w)) / base if w > 1 else 1.0) for w in range(1, max_width + 1)},
-        mtp_step=timed(mtp_step) / base,
-        cycles=measure_cycles(adapter, sampler, max_depth=max_width - 1, prompt_ids=ids, shared=shared),
-    )
+def remember(adapter, bucket: int, costs: Costs) -> None:
+    """Keep `costs` as this adapter's at `bucket` (a calibration's result, or a saved one)."""
     _CACHE.setdefault(adapter, {})[bucket] = costs
-    return costs
-
-
-def measure_cycles(adapter, sampler, max_depth: int, steps: int = 24, rounds: int = 3,
-                   prompt_ids: Optional[List[int]] = None, shared=None) -> Dict[int, float]:
-    """Seconds per cycle at depths 1..max_depth over seconds per token of the AR lane, each
-    the median of `rounds` runs of `steps` cycles (tokens) through the lanes' own loops.
-
-    On a chat prompt (by default a short one; measure_costs passes one padded to the context
-    bucket, and the prefix cache that holds it), so that drafts are accepted about as often as
-    in use: a rejected cycle and an accepted one do not cost the same."""
-    from .chat import chat_prompt_ids
-    from .decoders import AutoregressiveDecoder, SpeculativeDecoder
-    from .prefix_cache import PrefixCache
-    from .stats import GenerationStats
-    from .stream import Prompt
-
-    ids = prompt_ids or chat_prompt_ids(adapter, [{"role": "user", "content": "Define the word harbor."}])
-    # Every lane restores the prompt from one snapshot: a long prefill runs once.
-    prompt, shared = Prompt(tuple(ids), (len(ids) - 1,)), shared or PrefixCache(2**40)
-
-    def per_yield(lane, depth: int) -> float:
-        it = lane._steps(prompt, steps * (depth + 1) + 2, GenerationStats(), None)
-        next(it)  # prefill and the first token are not decode time
-        t0 = time.perf_counter()
-        for n, _ in enumerate(it, 1):
-            if n == steps:
-                break
-        it.close()
-        return (time.perf_counter() - t0) / steps
-
-    ar = AutoregressiveDecoder(adapter, sampler=sampler, prefix_cache=shared)
-    lanes = {d: SpeculativeDecoder(adapter, sampler=sampler, depth=d, prefix_cache=shared) for d in range(1, max_depth + 1)}
-    per_round = []
-    for _ in range(rounds):  # AR and MTP interleaved, so that both see the same machine
-        ar_s = per_yield(ar, 0)
-        per_round.append({d: per_yield(lane, d) / ar_s for d, lane in lanes.items()})
-    return {d: statistics.median(r[d] for r in per_round) for d in lanes}
 
 
 class DepthPolicy:
@@ -174,15 +96,24 @@ class DepthPolicy:
 
     Acceptance per depth is estimated online with a Beta(4, 1) prior; when no depth beats
     plain decoding, it decodes autoregressively and re-probes depth 1 every PROBE_EVERY steps.
+    `costs` may be a function that looks them up: it is asked every cycle, so a reply that
+    started before its calibration finished switches to the measured model when it lands.
+    Until then 'auto' drafts at UNMEASURED_DEPTH, the cheapest speculation (a cycle at depth 1
+    costs the least when the head turns out to be poor).
     """
 
     PROBE_EVERY = 16
+    UNMEASURED_DEPTH = 1
 
-    def __init__(self, depth, max_depth: int, costs: Optional[Costs]):
+    def __init__(self, depth, max_depth: int, costs: Union[None, Costs, Callable[[], Optional[Costs]]]):
         self.auto = depth == "auto"
         self.depth = max_depth if self.auto else int(depth)
-        self.costs = costs
+        self._costs = costs
         self._ar_steps = 0
+
+    @property
+    def costs(self) -> Optional[Costs]:
+        return self._costs() if callable(self._costs) else self._costs
 
     def acceptance(self, stats) -> List[float]:
         est = []
@@ -194,10 +125,12 @@ class DepthPolicy:
 
     def best(self, stats):
         """(depth, predicted speedup) with the highest predicted speedup; depth 0 is plain AR."""
-        if self.costs is None:
-            return self.depth, None
+        costs = self.costs
+        if costs is None:
+            return (min(self.UNMEASURED_DEPTH, self.depth) if self.auto else self.depth), None
         acc = self.acceptance(stats)
-        options = [(predicted_speedup(self.costs, acc, d), d) for d in range(1, self.depth + 1)]
+        deepest = min(self.depth, max(costs.verify) - 1)  # the depths the measurement covers
+        options = [(predicted_speedup(costs, acc, d), d) for d in range(1, deepest + 1)]
         speed, d = max(options)
         return (d, speed) if (speed > 1.0 or not self.auto) else (0, 1.0)
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after
-from .costs import DepthPolicy, cached_costs, measure_costs
+from .costs import DepthPolicy, cached_costs
 from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
 from .stats import GenerationStats
 from .stream import Lane
@@ -64,19 +64,17 @@ class SpeculativeDecoder(Lane):
         self.costs = None  # set to use these costs instead of measured ones
 
     def costs_at(self, context: int):
-        """The cost model at this context ('auto' measures it once per adapter and context
-        bucket; fixed depths use whatever was measured, for the predicted speed-up)."""
+        """The cost model at this context, as measured so far (core/calibrate.py measures it,
+        never a request): looked up every cycle, so a measurement that lands mid-reply is used."""
         if self.costs is not None:
             return self.costs
-        if self.depth == "auto":
-            return measure_costs(self.adapter, max_width=self.max_depth + 1, context=context)
-        return cached_costs(self.adapter, context)
+        return lambda: cached_costs(self.adapter, context)
 
     def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed, active=not self.sampler.greedy)
         c = self.constraint  # a grammar: masks p and q alike, advances over drafts, rolls back rejections
         policy = DepthPolicy(self.depth, self.max_depth, self.costs_at(len(prompt.ids)))
-        cache, mtp_cache, done = self._prefill(prompt, stats, stop)
+        cache, draft, done = self._prefill(prompt, stats, stop)
         first = sampler.sample(done.logits, keys.next(), allowed_after(c))
         check_finite(all_finite(done.logits).item(), "target model")
         stats.target_forwards += 1
@@ -105,13 +103,13 @@ class SpeculativeDecoder(Lane):
                 yield [pending], ["target"], logits[0]
                 continue
 
-            # 1. Draft: the MTP head catches up on the new positions, then runs recursively.
+            # 1. Draft: the drafter catches up on the new positions, then runs recursively.
             drafts, qs, draft_logits = [], [], []
             h, t, masks = feed_h, feed_t, [allowed_after(c)]
             for _ in range(depth):
-                h = ad.mtp_forward(h, t[None], mtp_cache)[:, -1:]
-                draft_logits.append(ad.lm_head(h)[0])
-                t, q = sampler.draw(draft_logits[-1], keys.next(), masks[-1])
+                h, logits = ad.draft_step(draft, cache, h, t[None])
+                draft_logits.append(logits)
+                t, q = sampler.draw(logits, keys.next(), masks[-1])
                 drafts.append(t)
                 qs.append(q)
                 masks.append(allowed_after(c, t))  # the next mask depends on this draft (a sync)
@@ -131,10 +129,10 @@ class SpeculativeDecoder(Lane):
             n = accepted_prefix(accepted.tolist())
             new = bonus if n == depth else corrections[n : n + 1]
 
-            # 4. Commit: keep the verified prefix; drop the head's entries for its own drafts,
-            #    which it relearns next cycle from the target's hidden states.
+            # 4. Commit: keep the verified prefix; the drafter forgets its own drafts, which it
+            #    relearns next cycle from the target's hidden states.
             ad.rollback(cache, captured, keep=n + 1)
-            mtp_cache.trim(depth - 1)
+            ad.end_cycle(draft, depth)
             feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
             stats.record_cycle(depth, n)
             pending = new.item()

@@ -40,10 +40,8 @@ class FittedPrompt:
 
 
 def context_window(adapter, cap: Optional[int] = None) -> int:
-    """The model's context in tokens (config max_position_embeddings), or `cap` if smaller."""
-    cfg = getattr(adapter, "config", {}) or {}
-    tc = cfg.get("text_config", cfg)
-    n = int(tc.get("max_position_embeddings") or cfg.get("max_position_embeddings") or 4096)
+    """The model's context in tokens (the adapter's context_length), or `cap` if smaller."""
+    n = int(adapter.context_length)
     return min(n, int(cap)) if cap else n
 
 

@@ -48,6 +48,13 @@ class Settings(BaseSettings):
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.
     thinking: Optional[bool] = None
     blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
+    # Backends (adapters/qwen3_5/backends.py): the compiled per-layer CPU path for few-token
+    # forwards, and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
+    compiled: bool = True
+    gpu_kernels: bool = True
+    # Measured cost models (core/calibrate.py) are saved here per machine and model and reused
+    # at the next start; None: ~/.cache/mtp-chat/costs. "" turns saving off.
+    costs_dir: Optional[str] = None
 
     @field_validator("depth", mode="before")
     @classmethod

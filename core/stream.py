@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from .logprobs import token_logprobs
-from .prefix_cache import marks_within, restore, take
+from .prefix_cache import Snapshot, marks_within
 from .stats import GenerationStats, OwnClock
 
 PREFILL_CHUNK = 512
@@ -70,20 +70,23 @@ class Prefilled:
     prefilled_tokens: int     # prompt tokens run through the trunk
 
 
-def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
+def prefill(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
             stop: Optional[threading.Event] = None) -> Prefilled:
-    """Run the prompt through the trunk, and the MTP head over it, in chunks.
+    """Run the prompt through the trunk, and the drafter over it, in chunks.
 
-    The head's history of the prompt belongs to prefill: after it the head holds positions
-    0..L-2 (hidden n with token n+1) and the first decode cycle only adds the last position.
-    Chunks end at the prompt's marks, where snapshots go into `prefix_cache`; before each
-    chunk the stop event is checked, so a long prompt can be abandoned within one chunk.
+    The drafter's history of the prompt belongs to prefill: after it the drafter has seen
+    positions 0..L-2 (hidden n with token n+1) and the first decode cycle only adds the last
+    position. `draft` None: nothing will draft (the AR lane without a prefix cache), so the
+    drafter is skipped. Chunks end at the prompt's marks, where snapshots go into
+    `prefix_cache`; before each chunk the stop event is checked, so a long prompt can be
+    abandoned within one chunk.
     """
     ids, L = prompt.ids, len(prompt.ids)
     start, h_last = 0, None
-    snap = prefix_cache.lookup(ids) if prefix_cache is not None and mtp_cache is not None else None
+    snap = prefix_cache.lookup(ids) if prefix_cache is not None and draft is not None else None
     if snap is not None:
-        h_last, start = restore(snap, cache, mtp_cache), snap.length
+        adapter.restore(snap.state, cache, draft)
+        h_last, start = snap.hidden, snap.length
     tokens = mx.array(ids, dtype=mx.int32)
     # Chunks end every PREFILL_CHUNK tokens and at the marks (lookup leaves >= 1 token to run).
     ends = sorted(set(range(start + PREFILL_CHUNK, L, PREFILL_CHUNK)) | set(marks_within(list(prompt.marks), start, L)) | {L})
@@ -92,14 +95,14 @@ def prefill(adapter, prompt: Prompt, cache: list, mtp_cache, prefix_cache=None,
         if stop is not None and stop.is_set():
             raise PrefillStopped()
         logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False)
-        # Head entries for positions a-1 .. b-2: (hidden n, token n+1).
+        # Drafter positions a-1 .. b-2: (hidden n, token n+1).
         hs = hidden[:, :-1] if h_last is None else mx.concatenate([h_last, hidden[:, :-1]], axis=1)
-        if mtp_cache is not None and hs.shape[1]:
-            adapter.mtp_forward(hs, tokens[None, b - hs.shape[1] : b], mtp_cache, fast=False)
+        if draft is not None and hs.shape[1]:
+            adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
-        mx.eval(h_last, logits, [c.state for c in cache], mtp_cache.state if mtp_cache is not None else [])  # bound the graph per chunk
-        if prefix_cache is not None and mtp_cache is not None and b in prompt.marks:
-            prefix_cache.store(take(ids[:b], cache, mtp_cache, h_last))
+        mx.eval(h_last, logits, adapter.state_arrays(cache, draft))  # bound the graph per chunk
+        if prefix_cache is not None and draft is not None and b in prompt.marks:
+            prefix_cache.store(Snapshot(tuple(ids[:b]), adapter.snapshot(cache, draft), h_last))
         a = b
     return Prefilled(logits[:, -1], h_last, start, L - start)
 
@@ -122,11 +125,11 @@ def cache_prompt(adapter, prompt: Prompt, prefix_cache, stop: Optional[threading
     if len(prompt.ids) < 2:
         return 0
     head = Prompt(prompt.ids[:-1], tuple(m for m in prompt.marks if m < len(prompt.ids) - 1) + (len(prompt.ids) - 1,))
-    cache, mtp_cache = adapter.make_cache(), adapter.make_mtp_cache()
     snap = prefix_cache.lookup(prompt.ids)
     if snap is not None and snap.length == len(head.ids):
         return snap.length
-    prefill(adapter, head, cache, mtp_cache, prefix_cache, stop)
+    cache = adapter.make_cache()
+    prefill(adapter, head, cache, adapter.make_draft(cache), prefix_cache, stop)
     return len(head.ids)
 
 
@@ -137,7 +140,8 @@ def cache_history(adapter, history: Prompt, prefix_cache) -> int:
     prefills from the longest snapshot there is (the one before this reply's generation
     prompt). Returns the tokens snapshotted."""
     ids = tuple(history.ids)
-    prefill(adapter, Prompt(ids, (len(ids),)), adapter.make_cache(), adapter.make_mtp_cache(), prefix_cache)
+    cache = adapter.make_cache()
+    prefill(adapter, Prompt(ids, (len(ids),)), cache, adapter.make_draft(cache), prefix_cache)
     return len(ids)
 
 
@@ -165,18 +169,19 @@ class Lane:
         raise NotImplementedError
 
     def _make_caches(self):
-        return self.adapter.make_cache(), self.adapter.make_mtp_cache()
+        cache = self.adapter.make_cache()
+        return cache, self.adapter.make_draft(cache)
 
-    needs_head = True  # the MTP head's history of the prompt; the AR lane needs it only for snapshots
+    needs_head = True  # the drafter's history of the prompt; the AR lane needs it only for snapshots
 
-    def _prefill(self, prompt: Prompt, stats: GenerationStats, stop) -> Tuple[list, object, Prefilled]:
+    def _prefill(self, prompt: Prompt, stats: GenerationStats, stop) -> Tuple[object, object, Prefilled]:
         """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
-        cache, mtp_cache = self._make_caches()
+        cache, draft = self._make_caches()
         if not self.needs_head and self.prefix_cache is None:
-            mtp_cache = None   # nothing will read it: AR's first token does not wait for the head
-        done = prefill(self.adapter, prompt, cache, mtp_cache, self.prefix_cache, stop)
+            draft = None   # nothing will read it: AR's first token does not wait for the drafter
+        done = prefill(self.adapter, prompt, cache, draft, self.prefix_cache, stop)
         stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
-        return cache, mtp_cache, done
+        return cache, draft, done
 
     def generate(self, prompt_ids, max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> Tuple[List[int], GenerationStats]:
         ids: List[int] = []

@@ -23,7 +23,8 @@ import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import describe_runtime, runtime_info  # noqa: E402
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids, padded_chat_prompt  # noqa: E402
-from core.costs import expected_tokens, measure_costs, predicted_speedup  # noqa: E402
+from core.calibrate import measure_costs  # noqa: E402
+from core.costs import expected_tokens, predicted_speedup  # noqa: E402
 from core.settings import Settings  # noqa: E402
 
 import mlx.core as mx  # noqa: E402

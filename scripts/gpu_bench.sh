@@ -11,6 +11,11 @@
 #   demo   the bundled demo model (real acceptance), depth 2, T=0.6
 #   nan    scripts/gpu_nan.py: the h1024 L16 non-finite logits hunt
 #   report scripts/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
+#   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
+#          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
+#          positions (a MoE verify routes every position: more experts touched than a decode step),
+#          MTP step cost, AR vs mlx_lm -> OUT_DIR/moe_*.json
+#   next   the same for the Qwen3-Next-80B-A3B shape (~45 GB; $CKPT_NEXT) -> OUT_DIR/next_*.json
 # STAGES="d2 check" runs a subset, in that order; CKPT=/path reuses a checkpoint; PYTHON picks
 # python; STEP_TIMEOUT=s bounds each stage; CHECK_ARGS=--no-bench skips the kernel bandwidth table.
 set -uo pipefail
@@ -19,6 +24,8 @@ OUT=${1:-artifacts/gpu_bench}
 CKPT=${CKPT:-/tmp/mtp_chat_q9b}
 PY=${PYTHON:-python3}
 STAGES=${STAGES:-check d1 d2 d3 base demo nan report}
+CKPT_MOE=${CKPT_MOE:-/tmp/mtp_chat_q35a3b}
+CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
@@ -37,6 +44,12 @@ for stage in $STAGES; do
             --repeats 5 --json "$OUT/demo.json" ;;
     nan) run $PY scripts/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
+    moe|next)
+      ck=$([ "$stage" = moe ] && echo "$CKPT_MOE" || echo "$CKPT_NEXT")
+      shape=$([ "$stage" = moe ] && echo 35b-a3b || echo next-80b-a3b)
+      [ -f "$ck/config.json" ] || $PY scripts/gpu_make_checkpoint.py --out "$ck" --shape "$shape" || continue
+      run $PY scripts/gpu_check.py --model "$ck" --no-bench --json "$OUT/${stage}_check.json"
+      for d in 1 2 3; do bench --model "$ck" --depth "$d" "${greedy[@]}" --json "$OUT/${stage}_bench_d$d.json"; done ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Correctness and speed of the GPU kernels (adapters/gpu_kernels.py), on a machine with MLX CUDA.
+"""Correctness and speed of the GPU kernels (adapters/kernels/), on a machine with MLX CUDA.
 
     python scripts/gpu_check.py --json out/check.json [--model /tmp/q9b]
 
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import adapters  # noqa: E402,F401
 import mlx.core as mx  # noqa: E402
 
-from adapters import gpu_kernels as gk  # noqa: E402
+from adapters.kernels import cuda_qmm, gdn  # noqa: E402
+from adapters.qwen3_5 import backends  # noqa: E402
 
 # (K, N) of the 9B's quantized linears (KNOWLEDGE section 1).
 SHAPES_9B = {
@@ -48,7 +49,7 @@ def log(msg: str) -> None:
 
 
 def gpu_info() -> dict:
-    info = {"mlx": mx.__version__, "cuda": gk.cuda_available()}
+    info = {"mlx": mx.__version__, "cuda": cuda_qmm.cuda_available()}
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
@@ -88,21 +89,21 @@ def check_qmm(fails: list) -> list:
     key = mx.random.key(1)
     K, N = 4096, 4096
     for dtype in (mx.bfloat16, mx.float16):
-        for bits in gk.QMM_BITS:
-            for gs in gk.QMM_GROUPS:
+        for bits in cuda_qmm.QMM_BITS:
+            for gs in cuda_qmm.QMM_GROUPS:
                 if dtype == mx.float16 and gs != 64:
                     continue
                 key, k1, k2 = mx.random.split(key, 3)
                 wq, s, b = quantized(K, N, bits, gs, dtype, k1)
-                x = mx.random.normal((gk.MAX_ROWS, K), key=k2).astype(dtype)
+                x = mx.random.normal((cuda_qmm.MAX_ROWS, K), key=k2).astype(dtype)
                 w32 = mx.dequantize(wq, s, b, group_size=gs, bits=bits).astype(mx.float32)
                 ref = x.astype(mx.float32) @ w32.T
-                full = gk.quantized_matmul_rows(x, wq, s, b, bits, gs)
+                full = cuda_qmm.quantized_matmul_rows(x, wq, s, b, bits, gs)
                 mlx = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=gs, bits=bits)
                 independent = all(
-                    bool(mx.array_equal(gk.quantized_matmul_rows(x[:m], wq, s, b, bits, gs), full[:m]))
-                    for m in range(1, gk.MAX_ROWS)
-                ) and bool(mx.array_equal(gk.quantized_matmul_rows(x[3:4], wq, s, b, bits, gs), full[3:4]))
+                    bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], wq, s, b, bits, gs), full[:m]))
+                    for m in range(1, cuda_qmm.MAX_ROWS)
+                ) and bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[3:4], wq, s, b, bits, gs), full[3:4]))
                 e_k, e_m = rel_err(full, ref), rel_err(mlx, ref)
                 ok = bool(mx.all(mx.isfinite(full))) and e_k < max(2 * e_m, 2e-3) and independent
                 rows.append({"dtype": str(dtype), "bits": bits, "group": gs, "K": K, "N": N,
@@ -124,7 +125,7 @@ def bench_qmm(bits=4, gs=64, dtype=mx.bfloat16) -> list:
         for m in (1, 2, 3, 4, 5, 8):
             x = mx.random.normal((m, K), key=k2).astype(dtype)
             mx.eval(x)
-            t_k = timed([lambda i=i: gk.quantized_matmul_rows(x, *sets[i % len(sets)], bits, gs) for i in range(n_calls)])
+            t_k = timed([lambda i=i: cuda_qmm.quantized_matmul_rows(x, *sets[i % len(sets)], bits, gs) for i in range(n_calls)])
             t_m = timed([lambda i=i: mx.quantized_matmul(x, *sets[i % len(sets)], transpose=True, group_size=gs, bits=bits)
                          for i in range(n_calls)])
             rows.append({"shape": name, "K": K, "N": N, "rows": m, "bytes": nbytes,
@@ -138,7 +139,7 @@ def check_gdn(fails: list) -> list:
     rows = []
     Hk, Hv, Dk, Dv = 16, 32, 128, 128  # the 9B's Gated-DeltaNet
     key = mx.random.key(3)
-    for T in range(1, gk.GDN_MAX_T + 1):
+    for T in range(1, gdn.GDN_MAX_T + 1):
         key, *ks = mx.random.split(key, 7)
         q = (mx.random.normal((1, T, Hk, Dk), key=ks[0]) * Dk**-1).astype(mx.bfloat16)
         k = (mx.random.normal((1, T, Hk, Dk), key=ks[1]) * Dk**-0.5).astype(mx.bfloat16)
@@ -146,11 +147,11 @@ def check_gdn(fails: list) -> list:
         g = mx.random.uniform(0.3, 1.0, (1, T, Hv), key=ks[3])
         beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=ks[4]).astype(mx.bfloat16)
         state = mx.random.normal((1, Hv, Dv, Dk), key=ks[5]) * 0.1
-        y, states = gk.gated_delta_steps(q, k, v, g, beta, state)
-        y_ref, states_ref = gk.gated_delta_reference(q, k, v, g, beta, state)
+        y, states = gdn.gated_delta_steps(q, k, v, g, beta, state)
+        y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)
         e_y = rel_err(y, y_ref)
         e_s = max(rel_err(a, b) for a, b in zip(states, states_ref))
-        t = timed([lambda: gk.gated_delta_steps(q, k, v, g, beta, state)[0]] * 16)
+        t = timed([lambda: gdn.gated_delta_steps(q, k, v, g, beta, state)[0]] * 16)
         ok = e_y < 1e-2 and e_s < 1e-5 and len(states) == T
         rows.append({"T": T, "err_y": e_y, "err_states": e_s, "us": t * 1e6, "ok": ok})
         if not ok:
@@ -163,9 +164,8 @@ def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120, b
     from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids
 
     ad = load_adapter(path)
-    log(f"loaded: {ad.describe()}; kernels {ad._gpu and ad._gpu.backend}")
-    out = {"describe": ad.describe(), "gpu": None if ad._gpu is None else
-           {"backend": ad._gpu.backend, "retyped_modules": ad._gpu.retyped}}
+    log(f"loaded: {ad.describe()}")
+    out = {"describe": ad.describe(), "backend": ad.backend.name}
     ids = chat_prompt_ids(ad, [{"role": "user", "content": "Define the word harbor."}])
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     ar, st = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=tokens)
@@ -179,9 +179,9 @@ def check_model(path: str, fails: list, tokens: int = 128, samples: int = 120, b
         if mtp != ar:
             fails.append(f"greedy MTP depth {d} != AR (first difference at {first})")
     out["greedy_parity"] = parity
-    gpu, ad._gpu = ad._gpu, None  # the same model through MLX's own kernels
+    chosen, ad.backend = ad.backend, backends.Backend("mlx", backends.MlxOps(), backends.MlxOps())  # MLX's own kernels
     ar_off, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=tokens)
-    ad._gpu = gpu
+    ad.backend = chosen
     log(f"AR without the kernels: identical {ar_off == ar}")
     out["ar_kernels_vs_mlx"] = {"identical": ar_off == ar,
                                 "first_difference": next((i for i, (a, b) in enumerate(zip(ar, ar_off)) if a != b), None)}

@@ -12,6 +12,11 @@ each disagreement. When the checkpoint does not load, it says why (the adapter's
 message), prints what config.json alone tells, and points at ``inspect_mtp_weights.py``.
 
 The trunk is loaded as stored (``compute_dtype="native"``), so a 4-bit 9B stays 4-bit.
+
+``--measure`` then measures the head's acceptance (greedy, depth 2, a few chat prompts) for each
+wiring (pre- or post-norm trunk hidden, embedding or hidden first in the concat) and says which
+one the checkpoint needs, as MTPLX Forge calibrates a head: a wrong wiring runs without any error
+at ~0 % acceptance. It loads the model once per wiring, in the compute dtype the app uses.
 Exit status: 0 when nothing is flagged, 1 otherwise (2 for bad arguments).
 """
 from __future__ import annotations
@@ -77,7 +82,34 @@ def _from_config(config: dict, out) -> None:
     out(f"  trunk quantization: {_quant(config.get('quantization'))}")
 
 
-def inspect(model: str, hidden_variant=None, out=print) -> int:
+WIRINGS = [(v, o) for v in ("pre_norm", "post_norm") for o in ("embedding_hidden", "hidden_embedding")]
+# A wiring must beat the checkpoint's own by this much acceptance (at depth 1) to be recommended.
+MARGIN = 0.05
+
+
+def measure_wirings(ckpt, current, out) -> list:
+    """Acceptance per wiring; a FLAG when another wiring beats the checkpoint's own."""
+    from core.probe import measure_acceptance
+
+    rows = []
+    for variant, order in WIRINGS:
+        ad = adapters.load_adapter(ckpt, hidden_variant=variant, concat_order=order, log=lambda m: None)
+        a = measure_acceptance(ad)
+        rows.append(((variant, order), a))
+        mark = "  <- the checkpoint's" if (variant, order) == current else ""
+        out(f"  hidden {variant:9} concat {order:16}: acceptance " + " / ".join(f"{x:.0%}" for x in a.per_depth)
+            + f" per depth{mark}")
+    best, best_a = max(rows, key=lambda r: r[1].first)
+    mine = dict(rows)[current]
+    if best != current and best_a.first > mine.first + MARGIN:
+        return [f"the head accepts more with hidden variant {best[0]} and concat order {best[1]} "
+                f"({best_a.first:.0%} against {mine.first:.0%}): write \"mtp_hidden_variant\": \"{best[0]}\", "
+                f"\"mtp_concat_order\": \"{best[1]}\" into config.json (or run with --hidden-variant)."]
+    out(f"wiring: the checkpoint's own ({current[0]}, {current[1]}) is the best measured.")
+    return []
+
+
+def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -> int:
     flags, notes = [], []
     try:
         ckpt, config = open_checkpoint(model)
@@ -94,20 +126,24 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
         return 1
 
     c = adapter.contract
-    tc = text_config(config)
-    out(f"family: {adapter.family} ({type(adapter).__name__})")
+    family = adapters.family_of(config, ckpt)
+    tc = family.FAMILY.text_config(config)
+    out(f"family: {adapter.family} ({type(adapter).__name__})" + (f", {c.num_experts} routed experts" if c.num_experts else ""))
+    out(f"layout: {c.layout}; head from {c.sidecar}")
+    out(f"backend: {adapter.backend.name}")
     out(f"hidden size: {c.hidden_size}")
     out(f"vocab size: {c.vocab_size}")
     out(f"trunk layers: {c.num_layers} = {c.layer_kinds.count('linear')} Gated-DeltaNet (L) + "
         f"{c.layer_kinds.count('full')} full attention (A): {_kinds_string(c.layer_kinds)}")
     out(f"MTP layers: {c.mtp_num_layers}")
     out(f"hidden variant: {c.hidden_variant} ({c.hidden_variant_source})")
-    concat_source = "config" if "mtp_concat_order" in config else "Qwythos default"
+    concat_source = "config" if "mtp_concat_order" in config else (
+        "Qwythos default" if adapter.family == "qwen3_5" else "default: embedding first")
     out(f"concat order: {c.concat_order} ({concat_source})")
     out(f"norm convention: {c.norm_convention} ({c.norm_convention_source})")
     out(f"trunk quantization: {_quant(c.trunk_quantization)}")
     out(f"MTP head quantization: {_quant(c.mtp_quantization)}; {c.mtp_tensor_count} tensors in {c.sidecar}")
-    tied = adapter.model.language_model.args.tie_word_embeddings
+    tied = adapter.tied
     out(f"lm_head: {'tied to embed_tokens' if tied else 'own weights (untied)'}")
     tok = adapter.tokenizer
     out(f"tokenizer: eos {tok.eos_token!r} (id {tok.eos_token_id}), chat template: "
@@ -129,8 +165,8 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
         notes.append("the head's bits/group_size are inferred from the tensor shapes "
                      "(config.json has no mtplx_mtp_quantization).")
     if c.norm_convention_source == "config":
-        tensors = sidecar.read(adapter.path / c.sidecar)
-        guess, how = sidecar.detect_norm_convention(tensors, {})
+        tensors = sidecar.find(adapter.path, config).tensors
+        guess, how = sidecar.detect_norm_convention(tensors, {}, family.head_spec(config)[1])
         if guess != c.norm_convention:
             flags.append(f"config.json says mtp_norm_convention '{c.norm_convention}' but the norm weights "
                          f"look {guess} ({how}): check which is right, a wrong convention drops "
@@ -138,15 +174,18 @@ def inspect(model: str, hidden_variant=None, out=print) -> int:
     else:
         notes.append("config.json has no mtp_norm_convention: the convention was detected from the "
                      "weights' magnitude; record it in config.json to be sure.")
-    if c.hidden_variant_source == "Qwythos default":
-        notes.append("config.json has no mtp_hidden_variant: using the Qwythos default; measure "
+    if c.hidden_variant_source not in ("config", "override"):
+        notes.append(f"config.json has no mtp_hidden_variant: using the {c.hidden_variant_source}; measure "
                      "acceptance with both variants (--hidden-variant).")
     if concat_source != "config":
-        notes.append("config.json has no mtp_concat_order: using the Qwythos default.")
-    if c.sidecar not in sidecar.registered(config):
+        notes.append(f"config.json has no mtp_concat_order: using the {concat_source}.")
+    if c.layout != "Hugging Face" and c.sidecar not in sidecar.registered(config):
         notes.append(f"the sidecar was found at a default location ({c.sidecar}), not through "
                      "mtp_file / mlx_lm_extra_tensors.mtp_file.")
 
+    if measure:
+        out("measured acceptance per wiring:")
+        flags += measure_wirings(ckpt, (c.hidden_variant, c.concat_order), out)
     for n in notes:
         out(f"note: {n}")
     for f in flags:
@@ -163,8 +202,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help="checkpoint directory (the one with config.json)")
     p.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=None,
                    help="override the checkpoint's hidden-state variant")
+    p.add_argument("--measure", action="store_true",
+                   help="measure acceptance for each head wiring and say which one the checkpoint needs")
     args = p.parse_args(argv)
-    return inspect(args.model, hidden_variant=args.hidden_variant)
+    return inspect(args.model, hidden_variant=args.hidden_variant, measure=args.measure)
 
 
 if __name__ == "__main__":

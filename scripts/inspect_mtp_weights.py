@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""List a checkpoint's MTP sidecar and flag whatever the adapter would refuse.
+"""List a checkpoint's MTP head and flag whatever the adapter would refuse.
 
     python scripts/inspect_mtp_weights.py --model DIR
 
-Prints where the sidecar was found (and how it is registered in config.json), its key
-prefix, the head's quantization and norm convention, then every tensor: name (as the
-adapter sees it, ``mtp.*``), dtype, stored shape and logical (dequantized) shape. Anything
-that does not match a one-layer Qwen3.5 MTP head (missing, unexpected or wrongly shaped
-tensors, a quantized weight that is not uint32, a tensor count or norm convention that
-disagrees with config.json) is listed as a ``FLAG`` line. Works on broken checkpoints: only
-config.json and the sidecar are read, never the trunk.
+Prints where the head was found (a sidecar and how it is registered in config.json, or the
+`mtp.*` tensors inside an original Hugging Face checkpoint's shards), its key prefix, the
+head's quantization and norm convention, then every tensor: name (as the adapter sees it,
+``mtp.*``), dtype, stored shape and logical (dequantized) shape. Anything that does not match
+the family's one-layer MTP head (missing, unexpected or wrongly shaped tensors, a missing expert,
+a quantized weight that is not uint32, a tensor count or norm convention that disagrees with
+config.json) is listed as a ``FLAG`` line. Works on broken checkpoints: only config.json and the
+head's tensors are read, never the trunk.
 
 Exit status: 0 when nothing is flagged, 1 otherwise (2 for bad arguments).
 """
@@ -24,14 +25,13 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-import adapters  # noqa: E402,F401  (first: fast BLAS before mlx.core is imported)
+import adapters  # noqa: E402  (first: fast BLAS before mlx.core is imported)
 from adapters import sidecar  # noqa: E402
-from adapters.checkpoint import open_checkpoint, text_config  # noqa: E402
+from adapters.checkpoint import open_checkpoint  # noqa: E402
 from adapters.errors import CheckpointError  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
 
-NEEDED = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 def _dtype(a: mx.array) -> str:
@@ -62,7 +62,12 @@ def inspect(model: str, out=print) -> int:
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
         return 1
-    tc = text_config(config)
+    try:
+        family = adapters.family_of(config, ckpt)
+    except CheckpointError as exc:
+        out(f"FLAG: {exc}")
+        return 1
+    tc = family.FAMILY.text_config(config)
     out(f"checkpoint: {ckpt}")
 
     # --- where is it --------------------------------------------------------------------
@@ -72,12 +77,16 @@ def inspect(model: str, out=print) -> int:
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
         return 1
-    if side is None:
+    shards = sidecar.head_shards(ckpt) if side is None else []
+    if side is None and not shards:
         where = (f"config.json registers {', '.join(map(repr, registered))} but no such file exists"
                  if registered else "config.json registers none")
-        out(f"FLAG: no MTP sidecar: nothing at {' or '.join(sidecar.candidates(config))}; {where}. "
-            "The adapter refuses a checkpoint without its MTP head.")
+        out(f"FLAG: no MTP sidecar: nothing at {' or '.join(sidecar.candidates(config))}; {where}; and no "
+            "mtp.* tensors in its model*.safetensors. The adapter refuses a checkpoint without its MTP head.")
         return 1
+    if side is None:
+        return _report(out, flags, flag, config, tc, family, f"mtp.* in {', '.join(f.name for f in shards)} "
+                       "(an original Hugging Face checkpoint)", shards)
     rel = Path(os.path.relpath(side, os.path.abspath(ckpt))).as_posix()
     extra = config.get("mlx_lm_extra_tensors")
     keys = [k for k, v in (("mlx_lm_extra_tensors.mtp_file", extra.get("mtp_file") if isinstance(extra, dict) else None),
@@ -88,16 +97,19 @@ def inspect(model: str, out=print) -> int:
         how = f"default location; config.json registers {', '.join(map(repr, registered))}, which does not exist"
     else:
         how = "default location, not registered in config.json"
-    out(f"sidecar: {rel} ({how})")
+    return _report(out, flags, flag, config, tc, family, f"sidecar: {rel} ({how})", [side])
 
+
+def _report(out, flags, flag, config, tc, family, where: str, files) -> int:
+    out(where)
     # --- read ---------------------------------------------------------------------------
     try:
-        tensors = sidecar.read(side)
+        tensors = sidecar.read(files[0]) if where.startswith("sidecar") else sidecar.read_shards(files)
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
         return 1
-    raw = mx.load(str(side))  # read() succeeded: only the stored names, for the prefix
-    prefixes = sorted({k[: k.index("mtp.")] for k in raw if "mtp." in k and not k.startswith("mtp.")})
+    raw = [k for f in files for k in mx.load(str(f))]  # readable: only the stored names, for the prefix
+    prefixes = sorted({k[: k.index("mtp.")] for k in raw if sidecar.head_name(k) and not k.startswith("mtp.")})
     out("key prefix: " + (", ".join(f"'{p}'" for p in prefixes) + " (normalised to 'mtp.')" if prefixes else "none"))
 
     count = config.get("mtp_tensor_count")
@@ -108,26 +120,27 @@ def inspect(model: str, out=print) -> int:
     if n_mtp != 1:
         flag(f"config.json says mtp_num_hidden_layers {n_mtp!r}; the adapter supports exactly one MTP layer.")
 
-    absent = [k for k in NEEDED if k not in tc]
+    absent = [k for k in family.FAMILY.required if k not in tc]
+    shapes, norms, label = {}, (), family.FAMILY.label
     if absent:
-        flag(f"config.json text_config lacks {', '.join(absent)}: cannot tell the expected shapes.")
+        flag(f"config.json lacks {', '.join(absent)}: cannot tell the expected shapes.")
         quantized, params, found = set(), None, []
     else:
-        quantized, params, found = sidecar.problems(tensors, tc, config.get("mtplx_mtp_quantization"))
+        shapes, norms, label = family.head_spec(config)
+        quantized, params, found = sidecar.problems(tensors, shapes, config.get("mtplx_mtp_quantization"))
         if params:
             out(f"head quantization: bits={params['bits']}, group_size={params['group_size']} "
                 f"({_quant_source(config, params)}); {len(quantized)} quantized linears: "
-                + ", ".join(n.rsplit(".", 2)[-2] for n in sidecar.logical_shapes(tc)
-                            if n[: -len(".weight")] in quantized))
+                + ", ".join(n[len("mtp."):].replace(".weight", "") for n in shapes if n in quantized))
         else:
             out("head quantization: none (float linears)"
                 + (" although config.json has mtplx_mtp_quantization" if config.get("mtplx_mtp_quantization") else ""))
-        out(f"expected for hidden_size={tc['hidden_size']}: {len(sidecar.logical_shapes(tc))} base tensors"
-            f" -> {len(sidecar.logical_shapes(tc)) + 2 * len(quantized)} stored")
+        out(f"expected for hidden_size={tc['hidden_size']}: {len(shapes)} base tensors"
+            f" -> {len(shapes) + 2 * len(quantized)} stored")
 
     # --- norm convention ----------------------------------------------------------------
     try:
-        heuristic, how = sidecar.detect_norm_convention(tensors, {})
+        heuristic, how = sidecar.detect_norm_convention(tensors, {}, norms or [n for n, a in tensors.items() if a.ndim == 1])
         declared = config.get("mtp_norm_convention")
         if declared is None:
             out(f"norm convention: {heuristic} ({how}; config.json has no mtp_norm_convention)")
@@ -147,10 +160,10 @@ def inspect(model: str, out=print) -> int:
     for name in sorted(tensors):
         a = tensors[name]
         logical = ""
-        base, leaf = name.rsplit(".", 1)
-        if base in quantized and leaf == "weight" and params and a.ndim == 2:
-            logical = _shape((a.shape[0], a.shape[1] * 32 // params["bits"]))
-        elif leaf == "weight" and a.dtype != mx.uint32:
+        if name in quantized and params:  # what the stored packing means, right or wrong
+            bits = sidecar.params_for(name, params, config.get("mtplx_mtp_quantization"))["bits"]
+            logical = _shape((*a.shape[:-1], a.shape[-1] * 32 // bits))
+        elif name in shapes and a.dtype != mx.uint32:
             logical = _shape(a.shape)
         rows.append((name, _dtype(a), _shape(a.shape), logical, status.get(name, "ok")))
     for p in found:
@@ -170,7 +183,7 @@ def inspect(model: str, out=print) -> int:
         out(f"{len(flags)} problem(s) flagged: the adapter would refuse or misread this sidecar."
             if found else f"{len(flags)} problem(s) flagged.")
         return 1
-    out(f"OK: {len(tensors)} tensors match a one-layer Qwen3.5 MTP head.")
+    out(f"OK: {len(tensors)} tensors match {label}.")
     return 0
 
 

@@ -291,8 +291,8 @@ def _init_param(name: str, shape, rng: np.random.Generator, *, num_layers: int,
     if owner == "conv1d":  # (C, K, 1)
         k = shape[1]
         return (rng.standard_normal(shape) / math.sqrt(k)).astype(np.float32)
-    if len(shape) == 2:
-        fan_in = shape[1]
+    if len(shape) in (2, 3):  # linears, and experts stacked [E, out, in]
+        fan_in = shape[-1]
         std = 1.0 / math.sqrt(fan_in)
         if owner in _OUT_PROJ:
             std *= residual_gain
@@ -365,6 +365,13 @@ def make_tiny_checkpoint(
     max_shard_bytes: Optional[int] = None,
     overwrite: bool = True,
     template: str = "chatml",
+    family: str = "qwen3_5",
+    layout: str = "mlx",
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 32,
+    shared_expert_intermediate_size: int = 32,
+    mtp_gate_bits: int = 8,
 ) -> Path:
     """Write a random-weight Qwythos-layout checkpoint into ``out_dir`` and return its path.
 
@@ -382,11 +389,21 @@ def make_tiny_checkpoint(
     ``template="qwen3_5"`` writes a Qwen3.5-style chat template (tools, tool calls, a
     ``<think>`` block opened by the generation prompt, ``enable_thinking``) and its added tokens.
     ``max_shard_bytes`` splits the trunk into ``model-0000N-of-0000M.safetensors``.
+
+    ``family``: ``qwen3_5`` (dense), ``qwen3_5_moe`` (routed experts in every layer and in the
+    head, stored fused: ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``; config keys
+    of Qwen3_5MoeTextConfig) or ``qwen3_next`` (flat config.json, fused ``in_proj_qkvz`` /
+    ``in_proj_ba``, experts one tensor each: ``experts.{e}.{gate,up,down}_proj.weight``).
+    ``layout``: ``mlx`` (an ``mlx_lm convert`` conversion, head stripped, plus the head as a
+    sidecar with Hugging Face names; a quantized MoE head keeps its router gates at
+    ``mtp_gate_bits``, registered per tensor in ``mtplx_mtp_quantization``) or ``hf`` (the
+    original Hugging Face checkpoint: float (``dtype``), Hugging Face tensor names, conv1d as
+    [C, 1, K], RMSNorm weights stored zero-centred, ``mtp.*`` inside the shards, no sidecar and
+    no ``mtp_*`` convention keys; ``bits``/``mtp_bits``/sidecar options do not apply).
     """
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3_5
     from mlx_lm.utils import get_total_parameters, quantize_model, save_config
 
     bits = bits or None
@@ -400,6 +417,14 @@ def make_tiny_checkpoint(
         raise ValueError(f"sidecar_keys must be one of {SIDECAR_KEY_MODES}")
     if key_prefix not in ("", "language_model."):
         raise ValueError("key_prefix must be '' or 'language_model.'")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}")
+    if layout == "hf":  # an original checkpoint: float weights, the head inside, HF's own config
+        bits = mtp_bits = None
+        write_convention_keys = False
+    moe = family != "qwen3_5"
 
     out = Path(out_dir)
     if out.exists() and overwrite:
@@ -444,6 +469,21 @@ def make_tiny_checkpoint(
         "mtp_use_dedicated_embeddings": False,
         "dtype": dtype,
     }
+    if moe:  # Qwen3_5MoeTextConfig's / Qwen3NextConfig's keys
+        text_config.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                           moe_intermediate_size=moe_intermediate_size,
+                           shared_expert_intermediate_size=shared_expert_intermediate_size,
+                           router_aux_loss_coef=0.001, output_router_logits=False)
+    if family == "qwen3_5_moe":
+        text_config["model_type"] = "qwen3_5_moe_text"
+        del text_config["intermediate_size"]  # every layer is routed
+    if family == "qwen3_next":  # flat, RoPE keys at the top, every layer routed
+        rope = text_config.pop("rope_parameters")
+        for k in ("model_type", "attn_output_gate", "dtype"):
+            text_config.pop(k)
+        text_config.update(model_type="qwen3_next", rope_theta=rope["rope_theta"],
+                           partial_rotary_factor=rope["partial_rotary_factor"], rope_scaling=None,
+                           decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
 
     # --- tokenizer (fixes the special ids) -------------------------------------------
     if template not in TEMPLATES:
@@ -454,9 +494,7 @@ def make_tiny_checkpoint(
     text_config["pad_token_id"] = special_ids[PAD_TOKEN]
 
     # --- trunk -------------------------------------------------------------------------
-    args = qwen3_5.ModelArgs.from_dict(
-        {"model_type": "qwen3_5", "text_config": json.loads(json.dumps(text_config))})
-    model = qwen3_5.Model(args)
+    model, args = _trunk_model(family, text_config)
     params = dict(tree_flatten(model.parameters()))
     n_special = len(SPECIAL_TOKENS) + (len(QWEN35_TOKENS) if template == "qwen3_5" else 0)
     frequent_ids = np.array([], dtype=np.int64)
@@ -483,22 +521,24 @@ def make_tiny_checkpoint(
                             residual_gain=residual_gain)
         new[name] = w
     tdt = _dtype(dtype)
-    cast = model.cast_predicate
+    cast = getattr(model, "cast_predicate", lambda k: not k.endswith("A_log"))
     from mlx.utils import tree_unflatten
 
     model.update(tree_unflatten([
         (k, mx.array(v).astype(tdt) if cast(k) else mx.array(v)) for k, v in new.items()
     ]))
-    embed_np = new["language_model.model.embed_tokens.weight"]
-
-    config = {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
-        "text_config": text_config,
-        "tie_word_embeddings": tie_word_embeddings,
-        "eos_token_id": eos_id,
-        "torch_dtype": dtype,
-    }
+    if family == "qwen3_next":
+        config = {"architectures": ["Qwen3NextForCausalLM"], **text_config, "torch_dtype": dtype}
+    else:
+        config = {
+            "architectures": ["Qwen3_5ForConditionalGeneration" if family == "qwen3_5"
+                              else "Qwen3_5MoeForConditionalGeneration"],
+            "model_type": family,
+            "text_config": text_config,
+            "tie_word_embeddings": tie_word_embeddings,
+            "eos_token_id": eos_id,
+            "torch_dtype": dtype,
+        }
     if bits is not None:
         with contextlib.redirect_stdout(io.StringIO()):
             model, config = quantize_model(model, config, group_size, bits, mode="affine",
@@ -507,19 +547,28 @@ def make_tiny_checkpoint(
     mx.eval(model.parameters())
 
     weights = dict(tree_flatten(model.parameters()))
-    _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
-
-    # --- MTP sidecar -------------------------------------------------------------------
-    tensors = {}
+    # --- MTP head ----------------------------------------------------------------------
+    tensors, gate_params = {}, {}
     if write_sidecar:
-        tensors = _mtp_tensors(
-            args, rng, hidden_size=hidden_size, head_dim=head_dim,
+        tensors, gate_params = _mtp_tensors(
+            family, text_config, rng, hidden_size=hidden_size, head_dim=head_dim,
             n_layers=mtp_num_hidden_layers, fai=full_attention_interval,
             mtp_bits=mtp_bits, mtp_group_size=mtp_group_size, quantize_fc=quantize_fc,
             zero_centered=zero_centered_norms, norm_std=norm_std,
             weight_scale=mtp_weight_scale, mtp_dtype=_dtype(mtp_dtype), num_layers=num_layers,
-            residual_gain=residual_gain,
+            residual_gain=residual_gain, gate_bits=mtp_gate_bits,
         )
+    if layout == "hf":
+        weights = {**_hf_names(family, weights), **tensors}
+        _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
+        config.pop("mtp_tensor_count", None)
+        save_config(config, out / "config.json")
+        (out / "generation_config.json").write_text(json.dumps(
+            {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
+        return out
+    _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
+
+    if write_sidecar:
         tensors = {key_prefix + k: v for k, v in tensors.items()}
         path = out / sidecar_path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -531,7 +580,7 @@ def make_tiny_checkpoint(
         if mtp_bits is not None:
             config["mtplx_mtp_quantization"] = {
                 "bits": mtp_bits, "group_size": mtp_group_size, "mode": "affine",
-                "policy": "cyankiwi", "prequantized": True,
+                "policy": "cyankiwi", "prequantized": True, **gate_params,
             }
             config["mtp_policy"] = "cyankiwi"
         if write_tensor_count:
@@ -544,7 +593,69 @@ def make_tiny_checkpoint(
     save_config(config, out / "config.json")
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
-    del embed_np
+    return out
+
+
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+LAYOUTS = ("mlx", "hf")
+
+
+def _trunk_model(family: str, text_config: dict):
+    """mlx-lm's model of the family, built from its config (random weights)."""
+    from mlx_lm.models import qwen3_5, qwen3_5_moe, qwen3_next
+
+    cfg = json.loads(json.dumps(text_config))
+    if family == "qwen3_next":
+        args = qwen3_next.ModelArgs.from_dict(cfg)
+        return qwen3_next.Model(args), args
+    module = qwen3_5 if family == "qwen3_5" else qwen3_5_moe
+    args = module.ModelArgs.from_dict({"model_type": family, "text_config": cfg})
+    return module.Model(args), args
+
+
+HF_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+            ".q_norm.weight", ".k_norm.weight")
+
+
+def _hf_names(family: str, weights: dict) -> dict:
+    """mlx-lm's trunk weights -> the original Hugging Face checkpoint's (the inverse of mlx-lm's
+    sanitize): names, conv1d [C, 1, K], RMSNorm weights zero-centred, experts fused (Qwen3.5-MoE)
+    or one tensor each (Qwen3-Next)."""
+    out = {}
+    for name, v in weights.items():
+        if family != "qwen3_next":
+            name = name.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head.", "lm_head.")
+        if "conv1d.weight" in name:
+            v = v.swapaxes(1, 2)
+        if name.endswith(HF_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        out[name] = v
+    return hf_experts(family, out)
+
+
+def hf_experts(family: str, tensors: dict) -> dict:
+    """`...mlp.switch_mlp.{gate,up,down}_proj.weight` (stacked over experts, as mlx-lm keeps them)
+    -> Hugging Face's: `...mlp.experts.gate_up_proj` (gate then up) and `...mlp.experts.down_proj`
+    for Qwen3.5-MoE, `...mlp.experts.{e}.{gate,up,down}_proj.weight` for Qwen3-Next."""
+    import mlx.core as mx
+
+    out, fused = {}, {}
+    for name, v in tensors.items():
+        if ".switch_mlp." not in name:
+            out[name] = v
+            continue
+        prefix, proj = name.split(".switch_mlp.")
+        proj = proj[: -len(".weight")]
+        if family == "qwen3_next":
+            for e in range(v.shape[0]):
+                out[f"{prefix}.experts.{e}.{proj}.weight"] = v[e]
+        elif proj == "down_proj":
+            out[f"{prefix}.experts.down_proj"] = v
+        else:
+            fused.setdefault(prefix, {})[proj] = v
+    for prefix, parts in fused.items():
+        cat = mx.concatenate if isinstance(parts["gate_proj"], mx.array) else np.concatenate
+        out[f"{prefix}.experts.gate_up_proj"] = cat([parts["gate_proj"], parts["up_proj"]], axis=-2)
     return out
 
 
@@ -588,21 +699,20 @@ def _save_trunk(out: Path, weights: dict, total_params: int, max_shard_bytes: Op
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
 
 
-def _mtp_tensors(args, rng, *, hidden_size, head_dim, n_layers, fai, mtp_bits, mtp_group_size,
+def _mtp_tensors(family, text_config, rng, *, hidden_size, head_dim, n_layers, fai, mtp_bits, mtp_group_size,
                  quantize_fc, zero_centered, norm_std, weight_scale, mtp_dtype, num_layers,
-                 residual_gain):
-    """The ``mtp.*`` tensors (without prefix), in the stored form."""
+                 residual_gain, gate_bits):
+    """The ``mtp.*`` tensors (Hugging Face names, without prefix) in the stored form, and the
+    per-tensor quantization of a quantized MoE head's router gates (for config.json)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3_5
 
-    text_args = qwen3_5.TextModelArgs.from_dict(json.loads(json.dumps(args.text_config)))
     H = hidden_size
     applied = {}  # name -> float32 numpy, as applied
     applied["fc.weight"] = (rng.standard_normal((H, 2 * H)) / math.sqrt(2 * H)).astype(np.float32)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         applied[f"{n}.weight"] = (1.0 + norm_std * rng.standard_normal(H)).astype(np.float32)
-    layer = qwen3_5.DecoderLayer(text_args, layer_idx=fai - 1)
+    layer = _head_layer(family, text_config, fai)
     assert not layer.is_linear
     layer_params = dict(tree_flatten(layer.parameters()))
     for i in range(n_layers):
@@ -612,10 +722,11 @@ def _mtp_tensors(args, rng, *, hidden_size, head_dim, n_layers, fai, mtp_bits, m
                 residual_gain=residual_gain)
     if weight_scale != 1.0:
         for k, v in applied.items():
-            if v.ndim == 2:
+            if v.ndim >= 2:
                 applied[k] = v * weight_scale
+    applied = hf_experts(family, applied)
 
-    out = {}
+    out, gate_params = {}, {}
     for k in sorted(applied):
         v = applied[k]
         name = "mtp." + k
@@ -628,16 +739,33 @@ def _mtp_tensors(args, rng, *, hidden_size, head_dim, n_layers, fai, mtp_bits, m
         if mtp_bits is None or (is_fc and not quantize_fc):
             out[name] = w
             continue
+        base = name[: -len(".weight")] if name.endswith(".weight") else name
+        bits = mtp_bits
+        if k.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # router gates: >= 8 bits
+            bits = max(gate_bits, mtp_bits)
+            gate_params[base] = {"bits": bits, "group_size": mtp_group_size}
         if w.shape[-1] % mtp_group_size:
             raise ValueError(f"{name}: input dim {w.shape[-1]} not divisible by "
                              f"mtp_group_size {mtp_group_size}")
-        wq, scales, biases = mx.quantize(w, group_size=mtp_group_size, bits=mtp_bits)
-        base = name[: -len(".weight")]
-        out[base + ".weight"] = wq
+        wq, scales, biases = mx.quantize(w, group_size=mtp_group_size, bits=bits)
+        out[name] = wq
         out[base + ".scales"] = scales
         out[base + ".biases"] = biases
     mx.eval(out)
-    return out
+    return out, gate_params
+
+
+def _head_layer(family: str, text_config: dict, fai: int):
+    """The mlx-lm decoder layer an MTP head of this family is (routed experts for the MoE ones)."""
+    from mlx_lm.models import qwen3_5, qwen3_next
+
+    cfg = json.loads(json.dumps(text_config))
+    if family == "qwen3_next":
+        args = qwen3_next.ModelArgs.from_dict(cfg)
+        layer = qwen3_next.Qwen3NextDecoderLayer(args, layer_idx=fai - 1)
+        layer.mlp = qwen3_next.Qwen3NextSparseMoeBlock(args)
+        return layer
+    return qwen3_5.DecoderLayer(qwen3_5.TextModelArgs.from_dict(cfg), layer_idx=fai - 1)
 
 
 def expected_mtp_shapes(*, hidden_size=64, head_dim=16, num_heads=4, num_kv_heads=2,

@@ -1,5 +1,4 @@
 """Checkpoints for engine tests: random heads reject nearly everything; a 'mixed' head accepts some."""
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -21,34 +20,35 @@ REJECTING = dict(bits=4, seed=1, frequent_tokens=0, logit_std=2.0, residual_gain
 
 
 def load_modules_path(path, **kwargs):
-    """The adapter with the compiled CPU decode path off: every forward through mlx-lm's own
-    modules, the path GPUs (Metal, CUDA) run."""
-    old = os.environ.get("MTP_CHAT_COMPILED")
-    os.environ["MTP_CHAT_COMPILED"] = "0"
-    try:
-        adapter = load_adapter(path, **kwargs)
-    finally:
-        if old is None:
-            del os.environ["MTP_CHAT_COMPILED"]
-        else:
-            os.environ["MTP_CHAT_COMPILED"] = old
-    assert adapter._fast is None
+    """The adapter with the compiled CPU decode path off: every forward through MLX's own ops
+    (the "mlx" backend, bit-identical to mlx-lm's modules), the path GPUs (Metal, CUDA) run."""
+    adapter = load_adapter(path, compiled=False, log=lambda m: None, **kwargs)
+    assert adapter.backend.name == "mlx"
     return adapter
 
 
 def make_mixed_head(path: Path) -> Path:
-    """Rewrite the sidecar's fc so the head copies the embedding path of the trunk.
+    """Rewrite the head's fc so the head copies the embedding path of the trunk.
 
     With a random trunk this makes the head's draft match the target's next-next token
     part of the time (about 15-35% at T=0), so cycles see both acceptances and rejections.
+    Works on either layout: the sidecar, or the shard of an original checkpoint holding mtp.fc.
     """
-    side = path / "optiq" / "mtp.safetensors"
-    tensors = mx.load(str(side))
-    H = tensors["mtp.fc.weight"].shape[0]
-    fc = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(tensors["mtp.fc.weight"].dtype)
-    tensors["mtp.fc.weight"] = fc
-    mx.save_safetensors(str(side), tensors)
-    return path
+    import json
+
+    from adapters import sidecar
+
+    found = sidecar.find(path, json.loads((path / "config.json").read_text()))
+    for f in found.files:
+        tensors = mx.load(str(f))
+        key = next((k for k in tensors if sidecar.head_name(k) == "mtp.fc.weight"), None)
+        if key is None:
+            continue
+        H = tensors[key].shape[0]
+        tensors[key] = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(tensors[key].dtype)
+        mx.save_safetensors(str(f), tensors)
+        return path
+    raise AssertionError(f"{path}: no mtp.fc.weight")
 
 
 def exact_joint(adapter, sampler, prompt, n):

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+# Measured cost models go to a directory of this run (not ~/.cache), also for the servers tests start.
+os.environ.setdefault("MTP_CHAT_COSTS_DIR", tempfile.mkdtemp(prefix="mtp-chat-costs-"))
 
 # Fast BLAS before anything imports mlx.core (importing ``adapters`` does it first thing).
 try:

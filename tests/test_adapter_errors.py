@@ -105,7 +105,7 @@ def test_config_without_model_type(tmp_path):
     _has(_error(tmp_path), "has no model_type", "cannot tell which model family")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["llama", "glm4_moe", "deepseek_v3"])
 def test_unsupported_model_type(tiny_checkpoint, model_type):
     path = tiny_checkpoint(fresh=True)
     _edit_config(path, model_type=model_type)

@@ -95,7 +95,7 @@ def test_dns_rebinding_is_refused_on_gradio_routes(url):
 
 
 def test_lan_sharing_allows_addresses_but_not_foreign_names():
-    from webapp.server import host_allowed, same_host
+    from webapp.netinfo import host_allowed, same_host
 
     assert host_allowed("127.0.0.1", False) and host_allowed("localhost", False) and host_allowed("::1", False)
     assert not host_allowed("192.168.1.20", False) and not host_allowed("evil.example", False)

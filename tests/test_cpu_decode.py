@@ -1,8 +1,9 @@
-"""The compiled few-token CPU path (adapters/cpu_decode.py) against mlx-lm's own modules."""
+"""The CPU-compiled backend (adapters/qwen3_5/backends.py) against the MLX-ops one (= mlx-lm's modules)."""
 import mlx.core as mx
 import pytest
 
-from adapters import cpu_decode, load_adapter
+from adapters import load_adapter
+from adapters.qwen3_5 import backends
 from tests._engine_helpers import load_modules_path
 
 
@@ -12,7 +13,7 @@ def _tokens(n, vocab, seed=0):
 
 def _pair(path, **kw):
     fast, ref = load_adapter(path, **kw), load_modules_path(path, **kw)
-    assert fast._fast is not None, "the CPU float32 load should use the compiled path"
+    assert fast.backend.name == "cpu-compiled", "the CPU float32 load should use the compiled path"
     return fast, ref
 
 
@@ -36,7 +37,7 @@ def test_trunk_and_head_match_mlx_lm_modules(tiny_checkpoint, opts):
     c_fast, c_ref = fast.make_cache(), ref.make_cache()
     m_fast, m_ref = fast.make_mtp_cache(), ref.make_mtp_cache()
     # A long prompt goes through mlx-lm in both (wider than the compiled path serves).
-    assert 12 > cpu_decode.MAX_TOKENS
+    assert 12 > backends.FEW_TOKENS
     _, h_fast, _ = fast.forward(x[:, :12], c_fast)
     _, h_ref, _ = ref.forward(x[:, :12], c_ref)
     fast.mtp_forward(h_fast[:, :-1], x[:, 1:12], m_fast)
@@ -69,4 +70,4 @@ def test_trunk_and_head_match_mlx_lm_modules(tiny_checkpoint, opts):
 
 def test_other_layouts_keep_mlx_lm_path(tiny_checkpoint):
     path = tiny_checkpoint(bits=None)
-    assert load_adapter(path, compute_dtype="native")._fast is None
+    assert load_adapter(path, compute_dtype="native").backend.name == "mlx"

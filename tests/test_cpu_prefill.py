@@ -1,8 +1,9 @@
-"""The CPU prefill attention (adapters/cpu_prefill.py) matches MLX's and mlx-lm's to fp32 rounding."""
+"""The CPU prefill attention (adapters/kernels/cpu_attention.py) matches MLX's and mlx-lm's to fp32 rounding."""
 import mlx.core as mx
 import pytest
 
-from adapters import cpu_prefill, load_adapter
+from adapters import load_adapter
+from adapters.kernels import cpu_attention
 
 
 @pytest.mark.parametrize("L,S,H,KV", [(7, 7, 4, 2), (5, 40, 4, 2), (1, 33, 4, 4), (64, 300, 8, 2)])
@@ -11,7 +12,7 @@ def test_attention_equals_mlx_causal_sdpa(L, S, H, KV):
     k = mx.random.normal((1, KV, S, 16), key=mx.random.key(2))
     v = mx.random.normal((1, KV, S, 16), key=mx.random.key(3))
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal" if L > 1 else None)
-    assert mx.allclose(cpu_prefill.attention(q, k, v, 0.25), ref, atol=1e-5).item()
+    assert mx.allclose(cpu_attention.attention(q, k, v, 0.25), ref, atol=1e-5).item()
 
 
 def test_a_long_forward_matches_mlx_lm_with_and_without_it(tiny_checkpoint, monkeypatch):
@@ -23,5 +24,5 @@ def test_a_long_forward_matches_mlx_lm_with_and_without_it(tiny_checkpoint, monk
     cache = adapter.make_cache()
     a, _, _ = adapter.forward(tokens[:, :50], cache, fast=False)
     b, _, _ = adapter.forward(tokens[:, 50:], cache, fast=False)   # over 50 cached positions
-    assert adapter._fast is not None       # the CPU path that uses cpu_prefill
+    assert adapter.backend.long.cpu_attention  # the CPU path that uses it
     assert mx.allclose(mx.concatenate([a, b], axis=1), ref, atol=1e-4).item()

@@ -1,5 +1,5 @@
-"""The GPU kernels' Python side, on a machine without a GPU: shape rules, dispatch, the env
-switch, fallbacks, and the adapter's hooks driven by a stand-in kernel.
+"""The GPU kernels' Python side, on a machine without a GPU: shape rules, dispatch, the
+setting that turns them off, fallbacks, and the adapter's hooks driven by a stand-in kernel.
 
 The kernels themselves run only on CUDA / Metal: scripts/gpu_check.py tests them there.
 """
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from adapters import gpu_decode, gpu_kernels as gk, load_adapter
+from adapters import kernels, load_adapter
+from adapters.kernels import cuda_qmm as gk, gdn
+from adapters.qwen3_5 import backends
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
 
 BF = mx.bfloat16
@@ -47,18 +49,18 @@ def test_qmm_supported_refuses_the_rest(change):
 
 
 def test_gdn_supported():
-    assert gk.gdn_supported((1, 8, 16, 128), (1, 8, 32, 128), mx.float32)
-    assert gk.gdn_supported((1, 1, 2, 32), (1, 1, 4, 16), mx.float32)
-    assert not gk.gdn_supported((1, 9, 16, 128), (1, 9, 32, 128), mx.float32)  # T > 8
-    assert not gk.gdn_supported((2, 1, 16, 128), (2, 1, 32, 128), mx.float32)  # batch
-    assert not gk.gdn_supported((1, 1, 16, 48), (1, 1, 32, 128), mx.float32)   # Dk % 32
-    assert not gk.gdn_supported((1, 1, 16, 128), (1, 1, 32, 128), mx.bfloat16)  # state dtype
-    assert not gk.gdn_supported((1, 1, 3, 128), (1, 1, 32, 128), mx.float32)   # Hv % Hk
+    assert gdn.gdn_supported((1, 8, 16, 128), (1, 8, 32, 128), mx.float32)
+    assert gdn.gdn_supported((1, 1, 2, 32), (1, 1, 4, 16), mx.float32)
+    assert not gdn.gdn_supported((1, 9, 16, 128), (1, 9, 32, 128), mx.float32)  # T > 8
+    assert not gdn.gdn_supported((2, 1, 16, 128), (2, 1, 32, 128), mx.float32)  # batch
+    assert not gdn.gdn_supported((1, 1, 16, 48), (1, 1, 32, 128), mx.float32)   # Dk % 32
+    assert not gdn.gdn_supported((1, 1, 16, 128), (1, 1, 32, 128), mx.bfloat16)  # state dtype
+    assert not gdn.gdn_supported((1, 1, 3, 128), (1, 1, 32, 128), mx.float32)   # Hv % Hk
 
 
 def test_one_gdn_body_for_both_backends():
-    cuda, metal = gk.gdn_source(3, "cuda"), gk.gdn_source(3, "metal")
-    body = gk.GDN_BODY.split("GDN_STORE_STATES")[0]
+    cuda, metal = gdn.gdn_source(3, "cuda"), gdn.gdn_source(3, "metal")
+    body = gdn.GDN_BODY.split("GDN_STORE_STATES")[0]
     assert body in cuda and body in metal
     assert "thread_index_in_simdgroup" in metal and "threadIdx" not in metal
     assert "threadIdx" in cuda and "simdgroup" not in cuda
@@ -77,19 +79,41 @@ def test_gdn_reference_is_mlx_lm_recurrence():
     g = mx.random.uniform(0.5, 1.0, (1, T, Hv), key=k4)
     beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=k5)
     state = mx.random.normal((1, Hv, Dv, Dk), key=k6) * 0.1
-    y, states = gk.gated_delta_reference(q, k, v, g, beta, state)
+    y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
     y_ops, final = gated_delta_ops(q, k, v, g, beta, state)
     assert len(states) == T
     np.testing.assert_allclose(np.array(y), np.array(y_ops), atol=1e-5)
     np.testing.assert_allclose(np.array(states[-1]), np.array(final), atol=1e-5)
 
 
-def test_wanted_backend():
-    assert gpu_decode.wanted(device=mx.cpu, cuda=True, env="1") is None
-    assert gpu_decode.wanted(device=mx.gpu, cuda=True, env="0") is None
-    assert gpu_decode.wanted(device=mx.gpu, cuda=True, env="1") == "cuda"
-    assert gpu_decode.wanted() is None  # this machine: CPU
-    assert not gk.cuda_available()
+def test_the_reference_recurrence_is_mlx_lm_ops_in_every_dtype():
+    """kernels/gdn.recurrence (what the CPU-compiled backend traces and the kernels are held to)
+    keeps mlx-lm's arithmetic: its states and outputs equal gated_delta_ops' to rounding."""
+    from mlx_lm.models.gated_delta import gated_delta_ops
+
+    keys = mx.random.split(mx.random.key(3), 6)
+    T, Hk, Hv, Dk, Dv = 4, 2, 4, 32, 16
+    for dtype in (mx.float32, mx.bfloat16):
+        q = (mx.random.normal((1, T, Hk, Dk), key=keys[0]) * 0.2).astype(dtype)
+        k = (mx.random.normal((1, T, Hk, Dk), key=keys[1]) * 0.2).astype(dtype)
+        v = mx.random.normal((1, T, Hv, Dv), key=keys[2]).astype(dtype)
+        g = mx.random.uniform(0.5, 1.0, (1, T, Hv), key=keys[3])
+        beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=keys[4]).astype(dtype)
+        state = mx.random.normal((1, Hv, Dv, Dk), key=keys[5]) * 0.1
+        y, states = gdn.recurrence(q, k, v, g, beta, state)
+        y_ops, final = gated_delta_ops(q, k, v, g, beta, state)
+        assert y.dtype == dtype and len(states) == T and states[0].shape == state.shape
+        tol = 1e-5 if dtype == mx.float32 else 2e-2
+        np.testing.assert_allclose(np.array(y.astype(mx.float32)), np.array(y_ops.astype(mx.float32)), atol=tol)
+        np.testing.assert_allclose(np.array(states[-1]), np.array(final), atol=1e-5)
+
+
+def test_kernel_backend_choice():
+    assert backends.kernel_backend(device=mx.cpu, cuda=True, kernels_on=True) is None
+    assert backends.kernel_backend(device=mx.gpu, cuda=True, kernels_on=False) is None  # gpu_kernels = false
+    assert backends.kernel_backend(device=mx.gpu, cuda=True, kernels_on=True) == "cuda"
+    assert backends.kernel_backend() is None  # this machine: CPU
+    assert not kernels.cuda_available()
 
 
 def _quantized_linear(K=256, N=64, bits=4, group=64, dtype=BF):
@@ -98,7 +122,7 @@ def _quantized_linear(K=256, N=64, bits=4, group=64, dtype=BF):
     return lin
 
 
-def test_retype_keeps_parameters_and_dispatches_only_when_active(monkeypatch):
+def test_cuda_runner_takes_the_kernel_only_where_it_applies_and_leaves_the_model_alone(monkeypatch):
     calls = []
 
     def fake(x, w, scales, biases, bits, group_size):
@@ -106,89 +130,79 @@ def test_retype_keeps_parameters_and_dispatches_only_when_active(monkeypatch):
         return mx.zeros((*x.shape[:-1], w.shape[0]), dtype=x.dtype)
 
     monkeypatch.setattr(gk, "quantized_matmul_rows", fake)
-    model = nn.Sequential(_quantized_linear(), nn.QuantizedEmbedding(64, 256, group_size=64, bits=4))
-    model.set_dtype(BF)
-    before = [k for k, _ in tree_flatten(model.parameters())]
-    assert gpu_decode.retype(model) == 2
-    assert [k for k, _ in tree_flatten(model.parameters())] == before
-    lin, emb = model.layers
+    lin, emb = _quantized_linear(), nn.QuantizedEmbedding(64, 256, group_size=64, bits=4)
+    emb.set_dtype(BF)
+    before = [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]]
+    run = backends.GpuKernels("cuda")
     x = mx.random.normal((1, 3, 256)).astype(BF)
-    stock = lin(x)  # not active: MLX's own path
+    stock = lin(x)  # the module itself: MLX's own path, what mlx_lm.stream_generate runs
     assert calls == [] and bool(mx.any(stock != 0))
-    with gpu_decode._active():
-        assert bool(mx.all(lin(x) == 0)) and calls == [(1, 3, 256)]
-        assert bool(mx.all(emb.as_linear(x) == 0)) and len(calls) == 2
-        np.testing.assert_array_equal(np.array(lin(mx.zeros((9, 256), BF)).astype(mx.float32)), 0)
-        assert len(calls) == 2  # 9 rows: MLX's path
-        x32 = x.astype(mx.float32)
-        lin.set_dtype(mx.float32)
-        lin(x32)
-        assert len(calls) == 2  # fp32: MLX's path
-    assert not gpu_decode._on()
+    assert bool(mx.all(run.linear(lin, x) == 0)) and calls == [(1, 3, 256)]
+    assert bool(mx.all(run.lm_head(emb, True, x) == 0)) and len(calls) == 2  # the tied output projection
+    np.testing.assert_array_equal(np.array(run.linear(lin, mx.zeros((9, 256), BF)).astype(mx.float32)), 0)
+    assert len(calls) == 2  # 9 rows: MLX's path
+    lin.set_dtype(mx.float32)
+    run.linear(lin, x.astype(mx.float32))
+    assert len(calls) == 2  # fp32: MLX's path
+    assert backends.GpuKernels("metal").linear(lin, x.astype(mx.float32)) is not None and len(calls) == 2  # Metal: MLX's matvec
+    assert [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]] == before
+    assert bool(mx.any(lin(x.astype(mx.float32)) != 0))  # nothing retyped: the model is as mlx-lm made it
 
 
-class _Holder:
-    def __init__(self, gpu):
-        self._gpu = gpu
-
-    @gpu_decode.kernels_on
-    def run(self, fast=True):
-        return gpu_decode._on()
-
-
-def test_kernels_on_decorator():
-    assert _Holder(None).run() is False
-    assert _Holder(gpu_decode.GpuDecode("metal")).run() is False  # Metal: MLX's matvec
-    assert _Holder(gpu_decode.GpuDecode("cuda")).run() is True
-    assert _Holder(gpu_decode.GpuDecode("cuda")).run(fast=False) is False  # chunked prefill
+def test_few_and_long_runners():
+    b = backends.Backend("cuda-kernels", backends.GpuKernels("cuda"), backends.MlxOps())
+    assert b.runner((1, 1), fast=True) is b.few and b.runner((1, 8), fast=True) is b.few
+    assert b.runner((1, 9), fast=True) is b.long          # wider than a verify
+    assert b.runner((2, 3), fast=True) is b.long          # more than one sequence
+    assert b.runner((1, 3), fast=False) is b.long         # chunked prefill keeps MLX's own path
 
 
-def test_attach_falls_back_and_says_so(capsys, monkeypatch):
-    assert gpu_decode.attach(None, None) is None  # CPU: nothing to attach
-    monkeypatch.setattr(gpu_decode, "_verdict", lambda backend: "it broke")
-    assert gpu_decode.attach(None, None, backend="cuda") is None
-    assert "GPU kernels off (cuda: it broke)" in capsys.readouterr().err
+def test_a_failed_kernel_check_falls_back_and_says_so(monkeypatch):
+    said = []
+    monkeypatch.setattr(backends, "_verdict", lambda backend: "it broke")
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, log=said.append)
+    assert b.name == "mlx" and "cuda kernels failed their check: it broke" in b.note
+    assert said == ["GPU kernels off (cuda: it broke); using MLX's own path."]
+    monkeypatch.setattr(backends, "_verdict", lambda backend: None)
+    assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True).name == "cuda-kernels"
+    assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, gpu_kernels=False).name == "mlx"
 
 
 def test_metal_self_check_fails_cleanly_without_a_gpu():
-    why = gk.self_check("metal")
+    why = kernels.self_check("metal")
     assert isinstance(why, str) and why
 
 
-def test_cpu_adapter_has_no_gpu_hook(tiny_model_dir):
-    assert load_adapter(tiny_model_dir)._gpu is None
-    assert load_adapter(tiny_model_dir, compute_dtype="native")._gpu is None
+def test_cpu_adapter_runs_no_gpu_kernel(tiny_model_dir):
+    assert load_adapter(tiny_model_dir).backend.name == "cpu-compiled"
+    assert load_adapter(tiny_model_dir, compute_dtype="native").backend.name == "mlx"
+    assert load_adapter(tiny_model_dir, compiled=False, log=lambda m: None).backend.name == "mlx"
 
 
-class _OpsGpu(gpu_decode.GpuDecode):
-    """The hooks of the GPU path with the kernel replaced by its ops reference."""
-
-    def __init__(self):
-        super().__init__("ops-stand-in")
-        self.widths = []
-
-    def gdn(self, q, k, v, g, beta, state):
-        self.widths.append(q.shape[1])
-        y, states = gk.gated_delta_reference(q, k, v, g, beta, state)
-        return y.astype(q.dtype), states
-
-
-def test_adapter_hooks_with_a_stand_in_kernel(tiny_checkpoint):
-    """Decode steps and verifies go through gpu.gdn, states come back one per position, and
-    greedy MTP == AR at depths 1-3 on that path."""
+def test_adapter_hooks_with_a_stand_in_kernel(tiny_checkpoint, monkeypatch):
+    """Decode steps and verifies go through the Gated-DeltaNet kernel's entry point, states come
+    back one per position, and greedy MTP == AR at depths 1-3 on that path."""
     ad = load_adapter(tiny_checkpoint(linear_key_head_dim=32), compute_dtype="native")
     ids = [5, 9, 13, 21, 34, 55]
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     ar_plain, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
-    ad._gpu = stand_in = _OpsGpu()
+    widths = []
+
+    def stand_in(q, k, v, g, beta, state, backend="cuda"):
+        widths.append(q.shape[1])
+        y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
+        return y.astype(q.dtype), states
+
+    monkeypatch.setattr(gdn, "gated_delta_steps", stand_in)
+    ad.backend = backends.Backend("stand-in", backends.GpuKernels("cuda"), backends.MlxOps())
     ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
-    assert 1 in stand_in.widths and all(w <= gk.GDN_MAX_T for w in stand_in.widths)
+    assert 1 in widths and all(w <= gdn.GDN_MAX_T for w in widths)
     assert ar[:8] == ar_plain[:8]
     for depth in (1, 2, 3):
-        stand_in.widths.clear()
+        widths.clear()
         mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=24)
         assert mtp == ar
-        assert depth + 1 in stand_in.widths
+        assert depth + 1 in widths
     cache = ad.make_cache()
     ad.forward(mx.array([ids]), cache)
     _, _, cap = ad.forward(mx.array([[3, 4, 5]]), cache, capture=True)
@@ -204,3 +218,17 @@ def test_fast_rng_for_big_draws():
     assert big.shape == (1024, 1025) and abs(float(big.std()) - 1) < 0.01
     assert rng.standard_normal(4).shape == (4,)
     assert rng.choice(np.arange(10), size=3, replace=False).shape == (3,)
+
+
+def test_the_moe_gpu_checkpoint_builder_at_a_small_shape(tmp_path):
+    """scripts/gpu_make_checkpoint.py's MoE path (the 35B-A3B / Next-80B-A3B shapes on a GPU), at a
+    shape this CPU runs: it loads, with its bf16 head, and greedy MTP == AR."""
+    from scripts.gpu_make_checkpoint import build_moe
+
+    ad = load_adapter(build_moe(str(tmp_path / "moe"), "moe-small"))
+    assert ad.contract.family == "qwen3_5_moe" and ad.contract.num_experts == 4
+    assert ad.contract.trunk_quantization["bits"] == 4 and ad.contract.mtp_quantization is None
+    assert ad.contract.hidden_variant_source.startswith("family default")
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate([5, 6, 7], max_tokens=24)
+    assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate([5, 6, 7], max_tokens=24)[0] == ar

@@ -73,7 +73,9 @@ def test_inspect_model_good(runs):
     assert rc == 0, out
     for line in (
         f"checkpoint: {path}",
-        "family: qwen3_5 (Qwen35Adapter)",
+        "family: qwen3_5 (HybridAdapter)",
+        "layout: mlx + sidecar; head from optiq/mtp.safetensors",
+        "backend: mlx",  # inspect loads the trunk as stored (native), so MLX's own ops
         "hidden size: 64",
         "vocab size: 512",
         "trunk layers: 4 = 2 Gated-DeltaNet (L) + 2 full attention (A): LALA",

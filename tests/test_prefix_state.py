@@ -23,30 +23,29 @@ TURN2 = TURN1 + [REPLY, {"role": "user", "content": "And the moon, what does it 
 
 
 def state(adapter, prompt: Prompt, prefix_cache=None):
-    cache, head = adapter.make_cache(), adapter.make_mtp_cache()
-    done = prefill(adapter, prompt, cache, head, prefix_cache)
-    return cache, head, done
+    cache = adapter.make_cache()
+    draft = adapter.make_draft(cache)
+    done = prefill(adapter, prompt, cache, draft, prefix_cache)
+    return cache, draft, done
 
 
 def with_mark(prompt: Prompt, at: int) -> Prompt:
     return Prompt(prompt.ids, tuple(sorted(set(prompt.marks) | {at})))
 
 
-def assert_same_state(a, b):
+def assert_same_state(adapter, a, b):
+    """Tensor by tensor, through the adapter's own snapshot (every array it would store):
+    the trunk's attention KV and offsets, the Gated-DeltaNet conv windows and recurrent
+    states, the head's KV history and offset; then the last hidden state and logits."""
     (cache_a, head_a, done_a), (cache_b, head_b, done_b) = a, b
-    for i, (x, y) in enumerate(zip(cache_a, cache_b)):
-        if hasattr(x, "offset"):   # attention KV
-            assert x.offset == y.offset, f"layer {i}: KV offset {x.offset} != {y.offset}"
-            n = x.offset
-            assert mx.array_equal(x.keys[..., :n, :], y.keys[..., :n, :]).item(), f"layer {i}: keys differ"
-            assert mx.array_equal(x.values[..., :n, :], y.values[..., :n, :]).item(), f"layer {i}: values differ"
-        else:                      # Gated-DeltaNet
-            assert mx.array_equal(x[0], y[0]).item(), f"layer {i}: conv window differs"
-            assert mx.array_equal(x[1], y[1]).item(), f"layer {i}: recurrent state differs"
-    assert head_a.offset == head_b.offset, f"head history: {head_a.offset} != {head_b.offset} entries"
-    n = head_a.offset
-    assert mx.array_equal(head_a.keys[..., :n, :], head_b.keys[..., :n, :]).item(), "head keys differ"
-    assert mx.array_equal(head_a.values[..., :n, :], head_b.values[..., :n, :]).item(), "head values differ"
+    sa, sb = adapter.snapshot(cache_a, head_a), adapter.snapshot(cache_b, head_b)
+    assert sa.meta == sb.meta, "lengths differ"
+    assert sorted(sa.arrays) == sorted(sb.arrays)
+    names = sorted(sa.arrays)
+    assert any(n.startswith("draft.") for n in names) and any(n.endswith(".state") for n in names), names
+    for name in names:
+        x, y = sa.valid(name), sb.valid(name)
+        assert x.shape == y.shape and mx.array_equal(x, y).item(), f"{name} differs"
     assert mx.array_equal(done_a.hidden, done_b.hidden).item(), "last hidden state differs"
     assert mx.array_equal(done_a.logits, done_b.logits).item(), "last logits differ"
 
@@ -61,9 +60,9 @@ def test_a_restored_turn_equals_a_fresh_prefill_bit_for_bit(mixed_adapter):
     assert restored_at == first.marks[-1] and 0 < restored_at < len(second)
     fresh = state(ad, with_mark(second, restored_at))
     assert fresh[2].cached_tokens == 0
-    assert_same_state(cached, fresh)
+    assert_same_state(ad, cached, fresh)
     # the head holds every prompt position but the last: (hidden n, token n+1) for n < L - 1
-    assert cached[1].offset == len(second) - 1
+    assert ad.snapshot(cached[0], cached[1]).meta["draft.keys.length"] == len(second) - 1
 
 
 def test_a_snapshot_taken_after_a_reply_restores_exactly(mixed_adapter):
@@ -77,7 +76,7 @@ def test_a_snapshot_taken_after_a_reply_restores_exactly(mixed_adapter):
     assert cached[2].cached_tokens == len(history)
     # cache_history prefilled the history as one chunk: so does the reference
     same_chunks = Prompt(second.ids, tuple(m for m in with_mark(second, len(history)).marks if m >= len(history)))
-    assert_same_state(cached, state(ad, same_chunks))
+    assert_same_state(ad, cached, state(ad, same_chunks))
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

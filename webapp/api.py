@@ -27,7 +27,7 @@ from .api_request import ApiRequest, loads, parse_chat, parse_completion
 from .api_responses import ResponseStore, ResponseWriter, parse_responses_request
 from .api_run import Ending, KeepAlive, Run, collect
 from .api_text import ReplyShaper
-from .server import hostname_of, is_loopback
+from .netinfo import hostname_of, is_loopback
 from .stops import StopRegistry
 
 MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)

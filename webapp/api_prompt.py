@@ -42,7 +42,7 @@ def completion_prompt(host, req: ApiRequest) -> List[int]:
 
     try:
         if req.prompt_ids is not None:
-            vocab = host.adapter.contract.vocab_size
+            vocab = host.adapter.vocab_size
             bad = next((t for t in req.prompt_ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise bad_request(f"The prompt's token id {bad} is outside the vocabulary (0..{vocab - 1}).", "prompt")

@@ -54,11 +54,6 @@ ELEMENT_IDS = {
     "depth": "sampler: draft depth (1..N or auto)",
 }
 
-THEME = gr.themes.Soft(
-    font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],      # no web fonts: offline
-    font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
-)
-
 # The sampler sidebar starts open on desktops; on a phone it would cover the page.
 CLOSE_SIDEBAR_ON_PHONES = """() => {
   if (window.innerWidth < 900) {
@@ -185,15 +180,13 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
     return demo
 
 
-AUTH_MESSAGE = "mtp-chat: sign in with the user and password the host gave you."
-
-
 def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
            api_key=None, log=lambda line: None, keepalive=None, cors_origins=()):
     """Serve the UI and the OpenAI-compatible API on one port (webapp/server.py); returns
     the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
     from .api import ApiConfig, model_id_of
-    from .server import RunningServer, api_policy, build_server, is_loopback
+    from .netinfo import is_loopback
+    from .server import RunningServer, api_policy, build_server
 
     enabled, why_not = api_policy(host, auth, api_key)
     api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,

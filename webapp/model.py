@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .ar_reference import ArReferences, Reference
+from .calibration import Calibration
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
@@ -37,7 +38,8 @@ def describe_runtime() -> str:
 class ModelHost:
     """The loaded adapter plus the decoder factory, warm-up and a running AR speed reference."""
 
-    def __init__(self, adapter, settings, path: Optional[Path] = None, worker: Optional[ModelWorker] = None):
+    def __init__(self, adapter, settings, path: Optional[Path] = None, worker: Optional[ModelWorker] = None,
+                 log: Callable[[str], None] = lambda m: None):
         self.worker = worker or ModelWorker()
         self.adapter = adapter
         self.settings = settings
@@ -56,6 +58,8 @@ class ModelHost:
         self.context_length = context_window(adapter, getattr(settings, "max_context", None))
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
+        self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
+                                       self.max_depth, log=log)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
@@ -65,9 +69,9 @@ class ModelHost:
         log(f"Loading model from {path} ...")
         t0 = time.perf_counter()
         worker = ModelWorker()   # the model lives on its own thread (see worker.py)
-        adapter = worker.call(load_adapter, path, hidden_variant=settings.hidden_variant)
+        adapter = worker.call(load_adapter, path, settings=settings, log=log)
         log(f"Loaded in {time.perf_counter() - t0:.1f} s")
-        return cls(adapter, settings, path, worker)
+        return cls(adapter, settings, path, worker, log=log)
 
     # --- decoding -----------------------------------------------------------------
     def decoder(self, mode: str, params: RunParams, constraint=None):
@@ -89,6 +93,9 @@ class ModelHost:
         log-probabilities with this many alternatives."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
+        if mode == "mtp" and params.depth == "auto":
+            # Never measured inside a request: this one decodes with what is known, the rest in idle time.
+            self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
         stream = self.worker.stream(lambda: self.decoder(mode, params, constraint).stream(
             prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
             logprobs=logprobs))
@@ -121,7 +128,7 @@ class ModelHost:
 
         if callable(grammar):
             grammar = grammar(self.tokenizer)
-        return Constraint(self.tokenizer, grammar, self.adapter.contract.vocab_size)
+        return Constraint(self.tokenizer, grammar, self.adapter.vocab_size)
 
     def prompt_logprobs(self, ids, top: int) -> list:
         """Each prompt token's log-probability (the first has none), from one forward on the model thread."""
@@ -184,9 +191,8 @@ class ModelHost:
         ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])
         _, stats = self.worker.call(lambda: self.decoder("ar", params).generate(ref, max_tokens=2 * tokens))
         self.note_ar_speed(params, len(ref), stats.tokens_per_second, stats.generated_tokens)
-        from core import measure_costs
-
-        self.worker.call(lambda: measure_costs(self.adapter))  # fixed depths then report predicted speedups
+        # The cost model ('auto', and the predicted speed-up of fixed depths): saved, or measured now.
+        self.calibration.measure_now()
         log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s)")
 
     # --- the AR speed the chat's speedup estimate compares against (webapp/ar_reference.py) --

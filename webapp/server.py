@@ -11,7 +11,6 @@ must not be torn down by the interpreter's exit (see worker.py).
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import os
@@ -22,7 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
+
+from .netinfo import host_allowed, hostname_of, is_loopback, same_host
 
 LOGIN_PATHS = ("/login",)
 UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
@@ -48,36 +48,6 @@ class RefuseUploads:
         if scope["type"] == "http" and scope["path"].rstrip("/") in UPLOAD_PATHS:
             return await _send_json(send, 403, {"detail": "This app takes no file uploads."})
         return await self.app(scope, receive, send)
-
-
-def host_allowed(name: str, network: bool) -> bool:
-    """May a request name this server `name` (the hostname of its Host or Origin)? On this
-    machine only loopback names; shared on the network (--lan, --host) also an address
-    literal and this machine's own names. A DNS name an attacker controls, pointed at one
-    of our addresses (DNS rebinding), is none of these."""
-    name = name.strip("[]").lower().rstrip(".")
-    if is_loopback(name):
-        return True
-    if not network:
-        return False
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        own = socket.gethostname().lower()
-        return name in (own, own.split(".")[0], own.split(".")[0] + ".local")
-
-
-def same_host(a: str, b: str) -> bool:
-    return bool(a) and (a == b or (is_loopback(a) and is_loopback(b)))
-
-
-def hostname_of(value: str) -> str:
-    """The hostname of a Host header ("name:port") or an Origin ("scheme://name:port")."""
-    try:
-        return urlsplit(value if "//" in value else "//" + value).hostname or ""
-    except ValueError:
-        return ""
 
 
 class SameHostOnly:
@@ -172,15 +142,6 @@ class LoginThrottle:
 
 
 # --- the app ---------------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def api_policy(host: str, auth, api_key: Optional[str]) -> Tuple[bool, str]:
     """(API on?, why not). Open on this machine without a password, as local model servers
     are; shared (network or password) only with its own key, so /v1 never bypasses --auth."""
@@ -201,7 +162,7 @@ def build_server(model_host, demo, *, auth=None, api=None, network: bool = False
     from starlette.middleware.cors import CORSMiddleware
 
     from .api import OpenAIApi
-    from .app import THEME, AUTH_MESSAGE
+    from .theme import AUTH_MESSAGE, THEME
     from .render import CSS
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)

@@ -9,11 +9,28 @@ serialises model work across every app in the process, whatever the queue does.
 """
 from __future__ import annotations
 
+import atexit
+import collections
 import queue
+import sys
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Optional, Tuple
+
+IDLE_POLL = 0.02  # how often an idle thread with background work checks that nobody is waiting
+_WORKERS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _quiesce() -> None:
+    """At exit, no background slice may be running MLX work: a thread that is in MLX while the
+    interpreter ends aborts the process ("terminate called without an active exception")."""
+    for worker in list(_WORKERS):
+        worker._idle.clear()
+        with worker._slice_lock:  # waits for the slice in progress, if any
+            pass
 
 
 class ModelWorker:
@@ -22,22 +39,67 @@ class ModelWorker:
     Not a ThreadPoolExecutor: its thread is joined at interpreter exit, and a thread that
     has used MLX ending that late aborts the process ("terminate called without an active
     exception", exit status 134). A daemon thread that never ends avoids that.
+
+    Background work (`in_idle_time`: measuring the cost model) runs one short slice at a time,
+    and only while no call waits and no stream is open: a request that arrives waits for at
+    most the slice in progress, never for the whole measurement.
     """
 
     def __init__(self, name: str = "mtp-model"):
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._idle: "collections.deque" = collections.deque()   # iterators, one slice per next()
+        self._open_streams = 0
+        self._lock, self._slice_lock = threading.Lock(), threading.Lock()
+        self.idle_slices = 0      # background slices run so far
+        # What happened in order, for diagnostics and tests: ("slice", n), ("open"|"end", stream id).
+        self.events: "collections.deque" = collections.deque(maxlen=4096)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _WORKERS.add(self)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
-            fn, args, kwargs, future = self._jobs.get()
+            try:
+                fn, args, kwargs, future = self._jobs.get(timeout=IDLE_POLL if self._idle else None)
+            except queue.Empty:
+                if self._open_streams == 0:
+                    self._idle_slice()
+                continue
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 future.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 future.set_exception(exc)
+
+    def _idle_slice(self) -> None:
+        with self._slice_lock:
+            if not self._idle:
+                return
+            work = self._idle[0]
+            try:
+                next(work)
+            except StopIteration:
+                self._idle.popleft()
+            except Exception as exc:  # noqa: BLE001 - background work must not stop the model thread
+                self._idle.popleft()
+                print(f"mtp-chat: background work stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            self.idle_slices += 1
+            self.events.append(("slice", self.idle_slices))
+
+    def in_idle_time(self, work: Iterator[Any]) -> None:
+        """Run `work` (an iterator: each next() is one short slice) when the model is idle."""
+        self.later(self._idle.append, work)  # queued behind what is waiting now, on the model thread
+
+    def _stream_opened(self, stream) -> None:
+        with self._lock:
+            self._open_streams += 1
+            self.events.append(("open", id(stream)))
+
+    def _stream_ended(self, stream) -> None:
+        with self._lock:
+            self._open_streams -= 1
+            self.events.append(("end", id(stream)))
 
     def later(self, fn: Callable, *args, **kwargs) -> Future:
         """Queue ``fn`` on the model thread behind what is queued now; do not wait for it."""
@@ -84,7 +146,22 @@ class WorkerStream:
         self.worker = worker
         self.finished = False
         self.stop_event = None   # set by the owner (ModelHost.stream): a close before the end sets it
-        self._it: Optional[Iterator[Any]] = worker.call(factory)
+        worker._stream_opened(self)  # background work waits until the stream ends or is closed
+        self._counted = True
+        try:
+            self._it: Optional[Iterator[Any]] = worker.call(factory)
+        except BaseException:
+            self._end()
+            raise
+
+    def _end(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.worker._stream_ended(self)
+
+    def __del__(self):  # a stream dropped without close() must not hold background work back forever
+        if getattr(self, "_counted", False):
+            self._end()
 
     def _step(self) -> Tuple[Any, float]:
         t0 = time.perf_counter()
@@ -94,6 +171,7 @@ class WorkerStream:
             ev = None
         if ev is None or getattr(ev, "finished", False):
             self.finished = True
+            self._end()
         return ev, time.perf_counter() - t0
 
     def timed_next(self) -> Tuple[Any, float]:
@@ -131,4 +209,7 @@ class WorkerStream:
         if it is not None:
             if not self.finished and self.stop_event is not None:
                 self.stop_event.set()
-            self.worker.call(it.close)
+            try:
+                self.worker.call(it.close)
+            finally:
+                self._end()

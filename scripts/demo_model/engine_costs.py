@@ -2,7 +2,7 @@
 
 For each shape, a random-weight float checkpoint in the Qwythos layout is written with
 scripts/make_tiny_checkpoint.py, loaded with adapters.load_adapter (fp32 on the CPU, fast
-BLAS), and core.costs.measure_costs times: an AR step (1 token), a verify of width 2/3/4 (one
+BLAS), and core.calibrate.measure_costs times: an AR step (1 token), a verify of width 2/3/4 (one
 trunk forward capturing per-position GDN state, as the engine does), and an MTP step (head +
 lm_head), all relative to the AR step, at a 64-token context.  Several rounds, median.
 The predicted speedup uses the per-depth acceptance given with --accept.
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 import adapters  # noqa: E402,F401  (BLAS preload first)
 from adapters import load_adapter  # noqa: E402
-from core import costs as C  # noqa: E402
+from core import calibrate, costs as C  # noqa: E402
 from scripts.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def measure(path, rounds=5, repeats=15):
     rows = []
     for _ in range(rounds):
         C._CACHE.pop(ad, None)
-        rows.append(C.measure_costs(ad, max_width=4, repeats=repeats))
+        rows.append(calibrate.measure_costs(ad, max_width=4, repeats=repeats))
     med = lambda xs: statistics.median(xs)
     return {
         "ar_step_ms": round(med([r.ar_step_seconds for r in rows]) * 1000, 2),

@@ -1,12 +1,12 @@
-"""Full-attention layers of long forwards (prefill chunks) on the CPU.
+"""Causal attention of long forwards (prefill chunks) on MLX's CPU backend.
 
 Why: on MLX's CPU backend `mx.exp` costs ~12 ns an element (scalar), so the softmax of a prefill
 chunk over a long context dominates it: 263 new tokens over 2,700 cached ones spent ~45 ms per
 attention layer in exp alone, and a chat turn's time to first token grew with the conversation.
 `mx.power(e, x)` is the same function at 3x the speed there (~4 ns; relative error ~6e-7 from e
-rounded to float32, far below what the fp32 attention keeps anyway). The rest is mlx-lm's
-Qwen3-Next attention, written out (same projections, norms, RoPE, cache and output gate), with
-GQA done by grouping the queries instead of repeating the keys.
+rounded to float32, far below what the fp32 attention keeps anyway). GQA is done by grouping
+the queries instead of repeating the keys. A family's attention layer takes this as its scaled
+dot-product attention for long forwards on the CPU (adapters/qwen3_5/backends.py).
 """
 from __future__ import annotations
 
@@ -43,21 +43,3 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
         out = out + p_old @ v[:, :, : S - L]
         total = total + p_old.sum(axis=-1, keepdims=True)
     return (out / total).reshape(B, H, L, D)
-
-
-def attention_layer(layer, x: mx.array, cache) -> mx.array:
-    """One qwen3_5 full-attention DecoderLayer (x [B, L, H]) with `attention` above."""
-    at = layer.self_attn
-    B, L, _ = x.shape
-    xn = layer.input_layernorm(x)
-    queries, gate = mx.split(at.q_proj(xn).reshape(B, L, at.num_attention_heads, -1), 2, axis=-1)
-    gate = gate.reshape(B, L, -1)
-    keys, values = at.k_proj(xn), at.v_proj(xn)
-    queries = at.q_norm(queries).transpose(0, 2, 1, 3)
-    keys = at.k_norm(keys.reshape(B, L, at.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
-    values = values.reshape(B, L, at.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    queries, keys = at.rope(queries, offset=cache.offset), at.rope(keys, offset=cache.offset)
-    keys, values = cache.update_and_fetch(keys, values)
-    out = attention(queries, keys, values, at.scale).transpose(0, 2, 1, 3).reshape(B, L, -1)
-    h = x + at.o_proj(out * mx.sigmoid(gate))
-    return h + layer.mlp(layer.post_attention_layernorm(h))

@@ -1,5 +1,4 @@
-"""Custom GPU kernels for few-token forwards: a quantized matmul for 1-8 rows (CUDA) and
-the Gated-DeltaNet recurrence over T <= 8 positions keeping every state (CUDA and Metal).
+"""A quantized matmul for 1-8 rows on CUDA: one launch reads each packed weight once for all rows.
 
 Why: MLX CUDA's quantized matvec launches a grid over rows and re-reads the weights for
 every row (~0.42 TB/s for one row of the 9B lm_head, linear in rows; KNOWLEDGE section 10),
@@ -9,22 +8,30 @@ x 8 token columns, fp32 accumulation). Token columns never mix in an mma, and th
 and the split over warps are fixed, so a row's result does not depend on how many rows
 travel with it: AR steps and verifies compute the same logits.
 
-The kernels are built lazily on first use; nothing here runs on the CPU backend. The
-shape/dtype rules (`qmm_supported`, `gdn_supported`) are plain Python and tested on the CPU.
+Any family's quantized linears can use it (`linear_rows` takes an nn.QuantizedLinear or the
+tied QuantizedEmbedding). The kernel is built lazily on first use; nothing here runs on the
+CPU backend. The shape rules (`qmm_supported`) are plain Python and tested on the CPU.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import mlx.core as mx
+import mlx.nn as nn
 
 MAX_ROWS = 8  # one mma tile of token columns
 QMM_WARPS = 8  # warps per block, splitting K; each block owns 32 output rows
 QMM_ROWS = 32
 QMM_BITS = (4, 8)
 QMM_GROUPS = (32, 64, 128)
-GDN_MAX_T = 8
+
+
+def cuda_available() -> bool:
+    try:
+        return bool(mx.cuda.is_available())
+    except Exception:  # noqa: BLE001  (builds without the mx.cuda module)
+        return False
 
 
 # --------------------------------------------------------------------------- quantized matmul
@@ -217,13 +224,6 @@ QMM_SOURCE = r"""
 """
 
 
-def cuda_available() -> bool:
-    try:
-        return bool(mx.cuda.is_available())
-    except Exception:  # noqa: BLE001  (builds without the mx.cuda module)
-        return False
-
-
 def qmm_supported(x_shape, x_dtype, w_shape, scales_dtype, bits: int, group_size: int,
                   mode: str = "affine", has_biases: bool = True) -> bool:
     """Whether quantized_matmul_rows can serve x [..., K] @ dequant(w [N, K*bits/32]).T."""
@@ -277,164 +277,14 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
     return y.reshape(*x.shape[:-1], N)
 
 
-# --------------------------------------------------------------------------- Gated-DeltaNet
-# One kernel body for both backends; a prelude names the thread indices and the warp/simd sum.
-# Layout as mlx-lm's kernel: a 32-lane warp owns one value row (hv, dv) of the state, each lane
-# Dk/32 elements; the state stays in registers over the T positions and is written (fp32)
-# after each one into its own output, so a commit of any prefix keeps only its own buffer.
-GDN_BODY = r"""
-  constexpr int n_per_t = Dk / 32;
-  const int hk = gdn_hv / (Hv / Hk);
-  // q, k: [T, Hk, Dk]; v, y: [T, Hv, Dv]; g, beta: [T, Hv]; state: [Hv, Dv, Dk]
-  float st[n_per_t];
-  for (int i = 0; i < n_per_t; ++i) {
-    st[i] = static_cast<float>(state_in[(gdn_hv * Dv + gdn_dv) * Dk + n_per_t * gdn_lane + i]);
-  }
-  for (int t = 0; t < T; ++t) {
-    const float gt = static_cast<float>(g[t * Hv + gdn_hv]);
-    const int qk = (t * Hk + hk) * Dk + n_per_t * gdn_lane;
-    float kv_mem = 0.0f;
-    for (int i = 0; i < n_per_t; ++i) {
-      st[i] = st[i] * gt;
-      kv_mem += st[i] * static_cast<float>(k[qk + i]);
-    }
-    kv_mem = gdn_sum(kv_mem);
-    const float delta = (static_cast<float>(v[(t * Hv + gdn_hv) * Dv + gdn_dv]) - kv_mem)
-                        * static_cast<float>(beta[t * Hv + gdn_hv]);
-    float out = 0.0f;
-    for (int i = 0; i < n_per_t; ++i) {
-      st[i] = st[i] + static_cast<float>(k[qk + i]) * delta;
-      out += st[i] * static_cast<float>(q[qk + i]);
-    }
-    out = gdn_sum(out);
-    if (gdn_lane == 0) {
-      y[(t * Hv + gdn_hv) * Dv + gdn_dv] = static_cast<InT>(out);
-    }
-    GDN_STORE_STATES
-  }
-"""
-
-_CUDA_PRELUDE = """
-  const int gdn_lane = threadIdx.x & 31;
-  const int gdn_dv = blockIdx.y * blockDim.y + threadIdx.y;
-  const int gdn_hv = blockIdx.z;
-"""
-_CUDA_HEADER = """
-__device__ __forceinline__ float gdn_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-"""
-_METAL_PRELUDE = """
-  const int gdn_lane = thread_index_in_simdgroup;
-  const int gdn_dv = thread_position_in_grid.y;
-  const int gdn_hv = thread_position_in_grid.z;
-"""
-_METAL_HEADER = """
-inline float gdn_sum(float v) { return simd_sum(v); }
-"""
-
-
-def gdn_source(T: int, backend: str) -> str:
-    """The kernel source for T positions: the shared body with the backend's prelude; one
-    state output per position (`state_0` .. `state_{T-1}`)."""
-    stores = "\n".join(
-        f"    if (t == {i}) {{ for (int i = 0; i < n_per_t; ++i) "
-        f"state_{i}[(gdn_hv * Dv + gdn_dv) * Dk + n_per_t * gdn_lane + i] = st[i]; }}"
-        for i in range(T)
-    )
-    prelude = _CUDA_PRELUDE if backend == "cuda" else _METAL_PRELUDE
-    return prelude + GDN_BODY.replace("GDN_STORE_STATES", stores)
-
-
-def gdn_supported(q_shape, v_shape, state_dtype) -> bool:
-    """q [1, T, Hk, Dk], v [1, T, Hv, Dv], fp32 state: what gated_delta_steps serves."""
-    if len(q_shape) != 4 or len(v_shape) != 4 or q_shape[0] != 1 or v_shape[0] != 1:
-        return False
-    _, T, Hk, Dk = q_shape
-    Hv, Dv = v_shape[2], v_shape[3]
-    return (1 <= T <= GDN_MAX_T and Dk % 32 == 0 and Dv % 4 == 0 and Hv % Hk == 0
-            and state_dtype == mx.float32)
-
-
-@lru_cache(maxsize=None)
-def _gdn_kernel(T: int, backend: str):
-    names = dict(name=f"mtp_gdn_steps_{T}", input_names=["q", "k", "v", "g", "beta", "state_in"],
-                 output_names=[f"state_{i}" for i in range(T)] + ["y"], source=gdn_source(T, backend))
-    if backend == "cuda":
-        return mx.fast.cuda_kernel(header=_CUDA_HEADER, **names)
-    return mx.fast.metal_kernel(header=_METAL_HEADER, **names)
-
-
-def gated_delta_steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
-                      state: mx.array, backend: str = "cuda") -> Tuple[mx.array, List[mx.array]]:
-    """The gated delta rule over T <= 8 positions in one launch.
-
-    q, k [1, T, Hk, Dk] (normalised as mlx-lm does), v [1, T, Hv, Dv], g, beta [1, T, Hv],
-    state [1, Hv, Dv, Dk] fp32 -> y [1, T, Hv, Dv] and the T states after each position."""
-    _, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[2], v.shape[3]
-    outs = _gdn_kernel(T, backend)(
-        inputs=[q, k, v, g, beta, state],
-        template=[("InT", q.dtype), ("T", T), ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv)],
-        grid=(32, Dv, Hv),
-        threadgroup=(32, 4, 1),
-        output_shapes=[state.shape] * T + [v.shape],
-        output_dtypes=[mx.float32] * T + [q.dtype],
-    )
-    return outs[-1], list(outs[:-1])
-
-
-def gated_delta_reference(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
-    """The same recurrence as plain ops (mlx-lm's step, all in fp32): the check the kernels
-    are held to."""
-    rep = v.shape[2] // q.shape[2]
-    if rep > 1:
-        q, k = mx.repeat(q, rep, -2), mx.repeat(k, rep, -2)
-    q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
-    g, beta = g.astype(mx.float32), beta.astype(mx.float32)
-    ys, states = [], []
-    for t in range(q.shape[1]):
-        state = state * g[:, t, :, None, None]
-        kv_mem = (state * k[:, t, :, None, :]).sum(-1)
-        delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
-        state = state + k[:, t, :, None, :] * delta[..., None]
-        ys.append((state * q[:, t, :, None, :]).sum(-1))
-        states.append(state)
-    return mx.stack(ys, axis=1), states
-
-
-def self_check(backend: str, seed: int = 0) -> Optional[str]:
-    """Run the kernels once against plain ops; None if they agree, else why not.
-
-    A kernel that fails to compile or disagrees must not silently decode: the adapter falls
-    back to MLX's own path, saying so. (We have no Apple GPU: the Metal path proves itself
-    here at load.)"""
-    try:
-        key = mx.random.key(seed)
-        if backend == "cuda":
-            kw, kx, key = mx.random.split(key, 3)
-            w = mx.random.normal((64, 256), key=kw).astype(mx.bfloat16)
-            wq, s, b = mx.quantize(w, group_size=64, bits=4)
-            x = mx.random.normal((3, 256), key=kx).astype(mx.bfloat16)
-            y = quantized_matmul_rows(x, wq, s, b, 4, 64)
-            ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
-            err = float(mx.abs(y.astype(mx.float32) - ref.astype(mx.float32)).max())
-            scale = float(mx.abs(ref.astype(mx.float32)).max())
-            if not err <= 0.02 * scale:
-                return f"the quantized matmul differs from mx.quantized_matmul by {err:.2e}"
-        kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
-        T, Hk, Hv, Dk, Dv = 3, 2, 4, 64, 32
-        q = mx.random.normal((1, T, Hk, Dk), key=kq) * Dk**-0.5
-        k = mx.random.normal((1, T, Hk, Dk), key=kk) * Dk**-0.5
-        v = mx.random.normal((1, T, Hv, Dv), key=kv)
-        g = mx.random.uniform(0.5, 1.0, (1, T, Hv), key=kg)
-        beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=kb)
-        state = mx.random.normal((1, Hv, Dv, Dk), key=ks) * 0.1
-        y, states = gated_delta_steps(q, k, v, g, beta, state, backend=backend)
-        y_ref, states_ref = gated_delta_reference(q, k, v, g, beta, state)
-        err = max(float(mx.abs(y - y_ref).max()),
-                  *(float(mx.abs(a - b).max()) for a, b in zip(states, states_ref)))
-        return None if err < 1e-4 else f"the Gated-DeltaNet kernel differs from the ops path by {err:.2e}"
-    except Exception as exc:  # noqa: BLE001
-        return f"{type(exc).__name__}: {exc}"
+def linear_rows(module, x: mx.array) -> Optional[mx.array]:
+    """x @ dequant(module.weight).T through the kernel for an nn.QuantizedLinear without bias
+    (or a tied nn.QuantizedEmbedding used as the output projection); None where it does not
+    apply (the caller then uses the module itself)."""
+    if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in module:
+        return None
+    w, scales, biases = module["weight"], module["scales"], module.get("biases")
+    if biases is None or not qmm_supported(x.shape, x.dtype, w.shape, scales.dtype, module.bits,
+                                           module.group_size, module.mode):
+        return None
+    return quantized_matmul_rows(x, w, scales, biases, module.bits, module.group_size)

@@ -1,0 +1,38 @@
+"""How to load a checkpoint: the settings a family's loader reads, in one place.
+
+Every value has its default in core/settings.py (so MTP_CHAT_COMPILED=0, MTP_CHAT_GPU_KERNELS=0
+and the like work from the environment or a .env file, as every other setting); a caller may
+override any of them. Nothing under adapters/ reads the environment itself, except the BLAS
+preload (adapters/runtime.py), which must run before mlx is imported and so before the
+settings model can be (core imports mlx).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+
+def _say(message: str) -> None:
+    print(f"mtp-chat: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    hidden_variant: Optional[str] = None  # None: the checkpoint's (config) or the family's default
+    concat_order: Optional[str] = None    # None: the checkpoint's or embedding first
+    compute_dtype: str = "auto"           # "auto" (fp32 on the CPU backend), "float32", "native"
+    compiled: bool = True                 # the CPU-compiled backend for few-token forwards
+    gpu_kernels: bool = True              # the adapter's own CUDA / Metal kernels
+    log: Callable[[str], None] = field(default=_say, compare=False)
+
+    @classmethod
+    def from_settings(cls, settings=None, **overrides) -> "LoadOptions":
+        """The settings' values (core.settings: environment, .env), then any override not None."""
+        if settings is None:
+            from core.settings import get_settings
+
+            settings = get_settings()
+        base = cls(hidden_variant=settings.hidden_variant, compiled=settings.compiled,
+                   gpu_kernels=settings.gpu_kernels)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})

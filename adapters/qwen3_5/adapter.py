@@ -1,0 +1,195 @@
+"""The adapter contract (core/model.py) for the Qwen hybrid trunks with an MTP head.
+
+The trunk's cache is mlx-lm's: a KVCache per attention layer, an ArraysCache [conv window,
+recurrent state] per Gated-DeltaNet layer. The drafter's state is the MTP head's own KVCache:
+its history of (trunk hidden n, token n+1) for every committed position, filled in prefill and
+after each cycle, which raised acceptance from 82.4 % to 86.0 % on a 9B (KNOWLEDGE section 2).
+Rollback keeps the captured per-position state; nothing is replayed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Tuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from core.model import State
+
+from ..contract import MTPContract
+from . import layers
+from .backends import Backend
+from .layers import AttnParams, GdnParams, MlpParams, Stack
+
+
+@dataclass
+class Captured:
+    """What a verify pass keeps so that any prefix of it can be committed without a replay."""
+
+    width: int
+    # per Gated-DeltaNet layer index: (conv_input [B, K-1+T, C], the state after each position)
+    gdn: dict = field(default_factory=dict)
+
+
+def _own(a):
+    """A new array object over the same data (a view, no copy). Two caches restored from one
+    snapshot must not hold the same object: KVCache writes `keys[..., i:j, :] = new`, which rebinds
+    that object, so each lane's writes would show up in the other's attention (the race runs two
+    lanes from one snapshot at once; tests/test_race_truth.py)."""
+    return None if a is None else a[...]
+
+
+class HybridAdapter:
+    """A loaded Qwen3.5 / Qwen3.5-MoE / Qwen3-Next checkpoint: trunk, MTP head, backend."""
+
+    def __init__(self, family: str, path: Path, model, tokenizer, config: dict, contract: MTPContract,
+                 head, compute_dtype: str, backend: Backend, *, inner, output, tied: bool, project,
+                 context_length: int, notes: Tuple[str, ...] = ()):
+        self.family = family
+        self.path = path
+        self.model = model            # the mlx-lm model (for benchmarks against mlx_lm itself)
+        self.tokenizer = tokenizer
+        self.config = config
+        self.contract = contract
+        self.head = head
+        self.compute_dtype = compute_dtype
+        self.backend = backend
+        self.inner = inner            # embed_tokens, layers, norm
+        self.context_length = context_length
+        self.vocab_size = contract.vocab_size
+        self.notes = notes            # said at load (e.g. what a quantized MoE head costs)
+        self._output, self.tied = output, tied  # tied: the output projection is the embedding table
+        self.stack = Stack(
+            layers=[GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear else AttnParams(l, MlpParams.of(l.mlp))
+                    for l in inner.layers],
+            fa_idx=next(i for i, l in enumerate(inner.layers) if not l.is_linear),
+            ssm_idx=next(i for i, l in enumerate(inner.layers) if l.is_linear),
+        )
+        self.head_layer = AttnParams(head.layers[0], MlpParams.of(head.layers[0].mlp))
+        # A row-major copy of the tied table for the output projection on the CPU (see cpu_layout).
+        self._head_t = (
+            mx.contiguous(inner.embed_tokens.weight.T)
+            if tied and compute_dtype == "float32" and mx.default_device() == mx.cpu
+            else None
+        )
+        self._pre_norm = contract.hidden_variant == "pre_norm"
+
+    # -- caches -------------------------------------------------------------------------
+    def make_cache(self) -> list:
+        return self.model.make_cache()
+
+    def make_draft(self, cache: list) -> KVCache:
+        """The MTP head's own KV history (positions it has seen, from the trunk's hidden states)."""
+        return KVCache()
+
+    make_mtp_cache = KVCache  # the same, for scripts that drive the head directly
+
+    def state_arrays(self, cache: list, draft: Optional[KVCache]) -> list:
+        return [c.state for c in cache] + ([draft.state] if draft is not None else [])
+
+    # -- trunk ----------------------------------------------------------------------------
+    def lm_head(self, x: mx.array, run=None) -> mx.array:
+        if self._head_t is not None:
+            return x @ self._head_t
+        run = run or self.backend.runner(x.shape, True)
+        return run.lm_head(self._output, self.tied, x)
+
+    def forward(self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False,
+                fast: bool = True) -> Tuple[mx.array, mx.array, Optional[Captured]]:
+        """tokens [B, T] -> logits [B, T or 1, V], hidden [B, T, H] (the contract's variant).
+
+        fast=False keeps the long-forward path even for a few tokens: prefill does, so that a
+        prompt gives the same state however it is split into chunks (prefix cache or not)."""
+        run = self.backend.runner(tokens.shape, fast)
+        h, gdn = layers.run_trunk(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), cache, capture)
+        post = run.final_norm(self.inner.norm, h)
+        logits = self.lm_head(post if all_logits else post[..., -1:, :], run)
+        return (run.leave(logits), run.leave(h if self._pre_norm else post),
+                Captured(tokens.shape[1], gdn) if capture else None)
+
+    def rollback(self, cache: list, captured: Captured, keep: int) -> None:
+        """Commit only the first `keep` positions of a captured verify pass."""
+        drop = captured.width - keep
+        if drop == 0:
+            captured.gdn.clear()
+            return
+        for i, c in enumerate(cache):
+            if i in captured.gdn:
+                conv_input, states = captured.gdn[i]
+                n_keep = conv_input.shape[1] - captured.width
+                c[0] = mx.contiguous(conv_input[:, keep : keep + n_keep])
+                c[1] = states[keep - 1]
+            else:
+                c.trim(drop)
+        # The states not kept go now: a caller's reference to `captured` lives into the next
+        # verify, and would hold every position's state through it (peak memory, issue 14).
+        captured.gdn.clear()
+
+    # -- the MTP head ----------------------------------------------------------------------
+    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True) -> mx.array:
+        """hidden [B, T, H] at positions n, next_tokens [B, T] = t[n+1] -> g [B, T, H].
+
+        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden."""
+        run = self.backend.runner(hidden.shape, fast)
+        x = run.head_input(self.head, run.enter(hidden), run.enter(self.inner.embed_tokens(next_tokens)))
+        mask, _ = run.masks(x, mtp_cache, None)
+        pos = run.positions(mtp_cache.offset, x.shape[-2])
+        return run.leave(layers.attend(run, self.head_layer, x, mtp_cache, pos, mask, final_norm=self.head.norm))
+
+    def absorb(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array) -> None:
+        self.mtp_forward(hidden, tokens, draft, fast=False)
+
+    def draft_step(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array):
+        g = self.mtp_forward(hidden, tokens, draft)[:, -1:]
+        return g, self.lm_head(g)[:, -1]
+
+    def end_cycle(self, draft: KVCache, steps: int) -> None:
+        # The first step's entries are for committed positions; the other steps' are drafts.
+        draft.trim(steps - 1)
+
+    # -- prefix-cache snapshots ------------------------------------------------------------
+    def snapshot(self, cache: list, draft: KVCache) -> State:
+        """Attention KV buffers with their lengths, GDN conv windows and recurrent states, the
+        head's KV history: references to the caches' own arrays."""
+        arrays, meta = {}, {}
+
+        def kv(name, c):
+            meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
+            if c.keys is not None:
+                arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
+
+        for i, c in enumerate(cache):
+            if isinstance(c, KVCache):
+                kv(f"trunk.{i}", c)
+            else:
+                for j, part in enumerate(("conv", "state")):
+                    if c[j] is not None:
+                        arrays[f"trunk.{i}.{part}"] = c[j]
+        kv("draft", draft)
+        return State(arrays, meta)
+
+    def restore(self, state: State, cache: list, draft: KVCache) -> None:
+        """Each KV cache gets its own array objects over the snapshot's data (`_own`)."""
+        a, meta = state.arrays, state.meta
+        for i, c in enumerate(cache):
+            if isinstance(c, KVCache):
+                c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
+            else:
+                c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
+        draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
+
+    # -- for people --------------------------------------------------------------------------
+    def describe(self) -> str:
+        c = self.contract
+        q = c.trunk_quantization
+        trunk = f"{q['bits']}-bit trunk" if q else "float trunk"
+        mq = c.mtp_quantization
+        head = f"{mq['bits']}-bit MTP head" if mq else "float MTP head"
+        moe = f", {c.num_experts} experts" if c.num_experts else ""
+        return (
+            f"{self.path.name} ({self.family}{moe}): {c.num_layers} layers "
+            f"({c.layer_kinds.count('linear')} Gated-DeltaNet + {c.layer_kinds.count('full')} attention), "
+            f"hidden {c.hidden_size}, vocab {c.vocab_size}, {trunk}, {head} ({c.mtp_tensor_count} tensors, "
+            f"{c.layout}), hidden variant {c.hidden_variant}, compute {self.compute_dtype}, backend {self.backend.name}"
+        )

@@ -1,0 +1,241 @@
+"""The Qwen hybrid layers as reference math, written once: the Gated-DeltaNet layer with
+per-position capture, gated attention with partial RoPE, the MLP (dense or routed experts)
+and the MTP head's input. Qwen3.5, Qwen3.5/3.6-MoE and Qwen3-Next all run these.
+
+Each function takes the layer's parameters (`GdnParams`, `AttnParams`: the loaded mlx-lm modules
+plus what a backend prepares once) and `ops`, the backend's primitives (adapters/qwen3_5/
+backends.py): how to run a linear, an RMSNorm, the depthwise conv, RoPE, the recurrence, the
+scaled dot-product attention. The backends differ only in those: MLX's own ops (bit-identical
+to mlx-lm's modules), the CPU-compiled backend (norms written out so that mx.compile fuses them,
+RoPE from one table per forward, the conv as a sum of taps), the CUDA and Metal kernels. The
+order of operations is mlx-lm's (qwen3_5.py, qwen3_next.py, gated_delta.py), so that the MLX
+backend reproduces mlx-lm bit for bit.
+
+Activations are [B, S, H]; B = 1 today, and nothing here assumes it (batched decoding later).
+The batch axis may also be left out ([S, H]): the CPU-compiled backend runs one sequence so,
+because MLX's matmul of a 3-D activation adds a Flatten and an Unflatten node around every
+product (~100 more nodes per decode step of the demo model, ~10 % of its time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def _const(x: mx.array) -> mx.array:
+    # Arrays a compiled function closes over must be evaluated first: an unevaluated one
+    # is traced as part of the graph and recomputed on every call.
+    x = mx.contiguous(x)
+    mx.eval(x)
+    return x
+
+
+# --------------------------------------------------------------------------- parameters
+@dataclass
+class MlpParams:
+    """Dense SwiGLU (gate, up, down) or routed experts (router, experts, shared expert + its gate)."""
+
+    module: nn.Module
+    experts: Optional[nn.Module] = None     # mlx-lm SwitchGLU: every expert's gate/up/down stacked
+    router: Optional[nn.Module] = None
+    top_k: int = 0
+    norm_topk: bool = True
+    shared: Optional["MlpParams"] = None
+    shared_gate: Optional[nn.Module] = None
+
+    @classmethod
+    def of(cls, mlp: nn.Module) -> "MlpParams":
+        if hasattr(mlp, "switch_mlp"):
+            return cls(mlp, experts=mlp.switch_mlp, router=mlp.gate, top_k=mlp.top_k,
+                       norm_topk=bool(mlp.norm_topk_prob), shared=cls.of(mlp.shared_expert),
+                       shared_gate=mlp.shared_expert_gate)
+        return cls(mlp)
+
+
+@dataclass
+class GdnParams:
+    """One Gated-DeltaNet decoder layer. `project(ops, x)` is the family's input projection:
+    (qkv [B, S, C], z [B, S, Hv, Dv], b [B, S, Hv], a [B, S, Hv])."""
+
+    layer: nn.Module
+    project: Callable
+    mlp: MlpParams
+    taps: List[mx.array] = field(default_factory=list)  # conv tap k of every channel (CPU backend)
+    neg_A: Optional[mx.array] = None                     # -exp(A_log) in fp32
+
+    def __post_init__(self):
+        at = self.attn
+        self.Hk, self.Hv, self.Dk, self.Dv = at.num_k_heads, at.num_v_heads, at.head_k_dim, at.head_v_dim
+        self.key_dim, self.conv_dim, self.K = at.key_dim, at.conv_dim, at.conv_kernel_size
+        self.neg_A = _const(-mx.exp(at.A_log.astype(mx.float32)))
+        self.taps = [_const(at.conv1d.weight[:, k, 0]) for k in range(self.K)]
+
+    @property
+    def attn(self):
+        return self.layer.linear_attn
+
+
+@dataclass
+class AttnParams:
+    """One gated full-attention decoder layer (the trunk's, or the MTP head's)."""
+
+    layer: nn.Module
+    mlp: MlpParams
+
+    def __post_init__(self):
+        at = self.attn
+        self.nh, self.nkv, self.hd, self.scale = at.num_attention_heads, at.num_key_value_heads, at.head_dim, at.scale
+        self.rope_dims = at.rope.dims
+
+    @property
+    def attn(self):
+        return self.layer.self_attn
+
+
+def separate_projections(ops, p: GdnParams, x: mx.array):
+    """Qwen3.5: four projections, q|k|v already laid out as the conv expects them."""
+    at = p.attn
+    return (ops.linear(at.in_proj_qkv, x), ops.linear(at.in_proj_z, x).reshape(*x.shape[:-1], p.Hv, p.Dv),
+            ops.linear(at.in_proj_b, x), ops.linear(at.in_proj_a, x))
+
+
+def fused_projections(ops, p: GdnParams, x: mx.array):
+    """Qwen3-Next: q|k|v|z and b|a fused, grouped per key head (mlx-lm's fix_query_key_value_ordering)."""
+    at = p.attn
+    lead = x.shape[:-1]
+    nk, dn, nv, dv = p.Hk, p.Dk, p.Hv, p.Dv
+    qkvz = ops.linear(at.in_proj_qkvz, x).reshape(*lead, nk, -1)
+    ba = ops.linear(at.in_proj_ba, x).reshape(*lead, nk, -1)
+    q, k, v, z = mx.split(qkvz, [dn, 2 * dn, 2 * dn + nv // nk * dv], axis=-1)
+    b, a = mx.split(ba, [nv // nk], axis=-1)
+    qkv = mx.concatenate([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], axis=-1)
+    return qkv, z.reshape(*lead, -1, dv), b.reshape(*lead, nv), a.reshape(*lead, nv)
+
+
+# --------------------------------------------------------------------------- the MLP
+def mlp(ops, p: MlpParams, x: mx.array) -> mx.array:
+    """SwiGLU MLP, or routed experts: softmax router, top-k, renormalised scores, the chosen
+    experts' SwiGLU, plus a shared expert scaled by its sigmoid gate."""
+    if p.experts is None:
+        m = p.module
+        return ops.linear(m.down_proj, ops.swiglu(ops.linear(m.gate_proj, x), ops.linear(m.up_proj, x)))
+    gates = mx.softmax(ops.linear(p.router, x), axis=-1, precise=True)
+    inds = mx.argpartition(gates, kth=-p.top_k, axis=-1)[..., -p.top_k:]
+    scores = mx.take_along_axis(gates, inds, axis=-1)
+    if p.norm_topk:
+        scores = scores / scores.sum(axis=-1, keepdims=True)
+    y = (p.experts(x, inds) * scores[..., None]).sum(axis=-2)
+    return y + mx.sigmoid(ops.linear(p.shared_gate, x)) * mlp(ops, p.shared, x)
+
+
+def residual_mlp(ops, layer: nn.Module, p: MlpParams, h: mx.array) -> mx.array:
+    return h + mlp(ops, p, ops.norm(layer.post_attention_layernorm, h))
+
+
+# --------------------------------------------------------------------------- Gated-DeltaNet
+def gdn_layer(ops, p: GdnParams, x: mx.array, conv_state: mx.array, state: mx.array, *,
+              capture: bool, mask=None) -> Tuple[mx.array, mx.array, List[mx.array]]:
+    """One Gated-DeltaNet decoder layer on x [B, S, H] from (conv window [B, K-1, C], recurrent
+    state [B, Hv, Dv, Dk] fp32); without the batch axis, x [S, H] and conv window [K-1, C].
+
+    Returns (x', conv_input [B, K-1+S, C], states): the recurrent state after each of the S
+    positions when capturing (the conv window after keeping k positions is then
+    conv_input[:, k:k+K-1]), else only the last. Keeping every position's state is what lets
+    a partial acceptance commit without replaying tokens."""
+    at = p.attn
+    lead, S = x.shape[:-1], x.shape[-2]
+    qkv, z, b, a = p.project(ops, p, ops.norm(p.layer.input_layernorm, x))
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
+    conv_input = mx.concatenate([conv_state, qkv], axis=-2)
+    conv = nn.silu(ops.conv(p, conv_input, S))
+    q, k, v = mx.split(conv, [p.key_dim, 2 * p.key_dim], axis=-1)
+    q, k = ops.qk_norm(q.reshape(*lead, p.Hk, p.Dk), k.reshape(*lead, p.Hk, p.Dk), p.Dk)
+    beta, g = mx.sigmoid(b), ops.decay(p, a)
+    y, states = ops.recurrence(q, k, v.reshape(*lead, p.Hv, p.Dv), g, beta, state, mask, capture)
+    h = x + ops.linear(at.out_proj, ops.gated_norm(at.norm, y, z).reshape(*lead, -1))
+    return residual_mlp(ops, p.layer, p.mlp, h), conv_input, states
+
+
+# --------------------------------------------------------------------------- attention
+def attention_in(ops, p: AttnParams, x: mx.array, pos) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Input norm, projections, q/k norms and partial RoPE at positions `pos` (the backend's):
+    x [B, L, H] -> q [B, nh, L, hd], k, v [B, nkv, L, hd] (as the KV cache keeps them, B = 1
+    when x has no batch axis), the output gate [B, L, nh * hd]."""
+    at = p.attn
+    lead = x.shape[:-1]
+    xn = ops.norm(p.layer.input_layernorm, x)
+    q, gate = mx.split(ops.linear(at.q_proj, xn).reshape(*lead, p.nh, -1), 2, axis=-1)
+    k, v = ops.linear(at.k_proj, xn), ops.linear(at.v_proj, xn)
+    q = _heads(ops.norm(at.q_norm, q))
+    k = _heads(ops.norm(at.k_norm, k.reshape(*lead, p.nkv, -1)))
+    v = _heads(v.reshape(*lead, p.nkv, -1))
+    return ops.rope(p, q, pos), ops.rope(p, k, pos), v, gate.reshape(*lead, -1)
+
+
+def _heads(t: mx.array) -> mx.array:
+    """[B, L, heads, hd] -> [B, heads, L, hd]; [L, heads, hd] -> [1, heads, L, hd]."""
+    return t.transpose(0, 2, 1, 3) if t.ndim == 4 else t.transpose(1, 0, 2)[None]
+
+
+def attention_out(ops, p: AttnParams, x: mx.array, o: mx.array, gate: mx.array,
+                  final_norm: Optional[nn.Module] = None) -> mx.array:
+    """Gated output projection, residual, MLP; then `final_norm` if given (the head ends in one)."""
+    o = o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1)
+    h = residual_mlp(ops, p.layer, p.mlp, x + ops.linear(p.attn.o_proj, o * mx.sigmoid(gate)))
+    return h if final_norm is None else ops.norm(final_norm, h)
+
+
+# --------------------------------------------------------------------------- the MTP head
+def head_input(ops, head: nn.Module, hidden: mx.array, embedding: mx.array) -> mx.array:
+    """fc(concat(norm(embedding of t[n+1]), norm(trunk hidden at n))), in the checkpoint's order."""
+    e = ops.norm(head.pre_fc_norm_embedding, embedding)
+    h = ops.norm(head.pre_fc_norm_hidden, hidden)
+    return ops.linear(head.fc, mx.concatenate([e, h] if head.embedding_first else [h, e], axis=-1))
+
+
+# --------------------------------------------------------------------------- whole forwards
+@dataclass
+class Stack:
+    """The trunk as the backends run it: its layers' parameters and its cache kinds."""
+
+    layers: List[Any]            # GdnParams or AttnParams, one per trunk layer
+    fa_idx: int                  # first attention layer (its cache makes the attention mask)
+    ssm_idx: int                 # first Gated-DeltaNet layer
+
+
+def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool) -> Tuple[mx.array, Dict[int, tuple]]:
+    """h [B, S, H] (or [S, H]) embeddings through every layer with `run` (a backend's runner),
+    updating the cache; returns the last hidden (before the final norm) and, when capturing, per
+    Gated-DeltaNet layer (conv_input [B, K-1+S, C], states)."""
+    S = h.shape[-2]
+    fa_mask, ssm_mask = run.masks(h, cache[stack.fa_idx], cache[stack.ssm_idx])
+    pos, captured = None, {}
+    for i, (p, c) in enumerate(zip(stack.layers, cache)):
+        if isinstance(p, GdnParams):
+            B = h.shape[0] if h.ndim == 3 else 1
+            if c[0] is None:
+                c[0] = mx.zeros((B, p.K - 1, p.conv_dim), dtype=h.dtype)
+            if c[1] is None:
+                c[1] = mx.zeros((B, p.Hv, p.Dv, p.Dk), dtype=mx.float32)
+            h, c[0], states, conv_input = run.gdn(p, h, c[0], c[1], capture, ssm_mask)
+            c[1] = states[-1]
+            c.advance(S)
+            if capture:
+                captured[i] = (conv_input, states)
+        else:
+            if pos is None:  # every attention layer of one forward is at the same positions
+                pos = run.positions(c.offset, S)
+            h = attend(run, p, h, c, pos, fa_mask)
+    return h, captured
+
+
+def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -> mx.array:
+    """One attention layer around its KV cache (the cache update cannot sit inside a compiled
+    function, so the layer runs as two halves with the update and the attention between)."""
+    q, k, v, gate = run.attention_in(p, x, pos)
+    k, v = cache.update_and_fetch(k, v)
+    return run.attention_out(p, x, run.sdpa(q, k, v, p.scale, mask, cache), gate, final_norm)
