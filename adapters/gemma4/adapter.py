@@ -156,6 +156,26 @@ class Gemma4Adapter:
             head = "full tied head" if "lm_head" not in d else "full head"
         return f"{a.num_hidden_layers}-layer assistant drafter, hidden {a.hidden_size}, {head}"
 
+    def report(self) -> list:
+        """What scripts/inspect_model.py prints for this family: the pair and what ties it together."""
+        a, d = self.args, self.drafter.args
+        q = self.config.get("quantization")
+        kv = ", ".join(f"{kind} <- backbone layer {i}" for kind, i in sorted(self.kv_source.items()))
+        return [
+            f"family: gemma4 ({type(self).__name__})" + (f", {a.num_experts} routed experts" if a.enable_moe_block else ""),
+            f"backbone: {self.path}",
+            f"drafter: {self.drafter_path} ({self.head_description()})",
+            f"hidden size: {a.hidden_size} (drafter {d.hidden_size}, backbone_hidden_size {self.drafter.backbone_hidden})",
+            f"vocab size: {a.vocab_size}",
+            f"backbone layers: {a.num_hidden_layers} = {a.layer_types.count('sliding_attention')} sliding-window "
+            f"({a.sliding_window}) + {a.layer_types.count('full_attention')} full attention; "
+            f"{self.n_cache} compute K/V, {a.num_hidden_layers - self.n_cache} reuse them",
+            f"drafter layers: {d.num_hidden_layers} ({', '.join(d.layer_types)}), queries only; K/V read: {kv}",
+            f"drafter input: concat(embed * {float(self.inner.embed_scale):.4f}, backbone post-norm hidden)",
+            f"final logit softcap: {self.softcap}",
+            f"backbone quantization: {(str(q['bits']) + '-bit') if q else 'none (float)'}; compute {self.compute_dtype}",
+        ]
+
     def describe(self) -> str:
         a = self.args
         kinds = a.layer_types
