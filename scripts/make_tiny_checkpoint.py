@@ -407,9 +407,10 @@ def make_tiny_checkpoint(
     if family == "gemma4":   # a backbone and its assistant drafter: scripts/tiny_gemma4.py
         from scripts.tiny_gemma4 import make_tiny_gemma4
 
-        return make_tiny_gemma4(out_dir, layout=layout, hidden_size=hidden_size, vocab_size=vocab_size, seed=seed,
-                                bits=bits if layout == "mlx" else None, group_size=group_size, template=template,
-                                overwrite=overwrite, max_position_embeddings=max_position_embeddings, **(gemma4 or {}))
+        common = dict(layout=layout, hidden_size=hidden_size, vocab_size=vocab_size, seed=seed,
+                      bits=bits if layout == "mlx" else None, group_size=group_size, template=template,
+                      overwrite=overwrite, max_position_embeddings=max_position_embeddings)
+        return make_tiny_gemma4(out_dir, **{**common, **(gemma4 or {})})
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten

@@ -20,7 +20,7 @@ from ..cpu_layout import to_row_major
 from ..errors import CheckpointError
 from ..options import LoadOptions
 from .adapter import Gemma4Adapter
-from .drafter import Assistant, expected_tensors, head_kind, text_args
+from .drafter import Assistant, expected_tensors, head_kind
 
 DRAFTER_DIR = "assistant"   # BACKBONE/assistant/: where the drafter is found without --drafter
 REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "num_key_value_heads",
@@ -100,8 +100,7 @@ def check_embed_scale(backbone: Path, inner, drafter: Path, dcfg: dict) -> None:
                               f"backbone {backbone} scales its embeddings by {have:.4f}.")
 
 
-def read_drafter(drafter: Path) -> Tuple[dict, Dict[str, mx.array]]:
-    """The drafter's config and tensors (Hugging Face names), checked against each other."""
+def read_drafter_config(drafter: Path) -> dict:
     dcfg = read_config(drafter)
     if dcfg.get("model_type") != "gemma4_assistant":
         raise CheckpointError(f"drafter {drafter}: model_type is '{dcfg.get('model_type')}', expected "
@@ -109,6 +108,11 @@ def read_drafter(drafter: Path) -> Tuple[dict, Dict[str, mx.array]]:
     for key in ("backbone_hidden_size", "text_config"):
         if key not in dcfg:
             raise CheckpointError(f"drafter {drafter / 'config.json'} has no '{key}'.")
+    return dcfg
+
+
+def read_drafter_tensors(drafter: Path, dcfg: dict) -> Dict[str, mx.array]:
+    """The drafter's tensors (Hugging Face names), checked against its config."""
     files = sidecar.shard_files(drafter)
     if not files:
         raise CheckpointError(f"drafter {drafter} has no model*.safetensors: its weights are missing.")
@@ -142,7 +146,7 @@ def read_drafter(drafter: Path) -> Tuple[dict, Dict[str, mx.array]]:
             raise CheckpointError(f"drafter {drafter}: 'masked_embedding.token_ordering' must list each of the "
                                   f"{V} tokens once, in {C} clusters of {V // C if V % C == 0 else '?'}.")
         tensors["masked_embedding.token_ordering"] = order
-    return dcfg, tensors
+    return tensors
 
 
 def build_drafter(dcfg: dict, tensors: Dict[str, mx.array]) -> Assistant:
@@ -161,9 +165,9 @@ def load(path: Path, config: dict, options: LoadOptions) -> Gemma4Adapter:
         if key not in tc:
             raise CheckpointError(f"{path / 'config.json'}: {'text_config has' if tc is not config else 'it has'} no '{key}'.")
     drafter_path = find_drafter(path, options)
-    dcfg, tensors = read_drafter(drafter_path)
+    dcfg = read_drafter_config(drafter_path)
     check_pair(path, tc, drafter_path, dcfg)
-    text_args(dcfg)   # the drafter's own config is complete enough to build
+    tensors = read_drafter_tensors(drafter_path, dcfg)
 
     if not sidecar.shard_files(path):
         raise CheckpointError(f"{path} has no model*.safetensors: the backbone's weights are missing.")
