@@ -37,6 +37,9 @@ ROLLBACK = "tests/test_adapter_forward.py::test_rollback_equals_a_run_that_never
 STATE = "tests/test_prefix_state.py"
 PREFIX = "tests/test_prefix_cache.py::test_greedy_replies_identical_with_and_without_the_cache"
 SHARED = "tests/test_race_truth.py::test_two_lanes_restored_from_one_snapshot_do_not_write_into_each_other"
+C_GREEDY = "tests/test_constraints.py::test_greedy_constrained_mtp_is_token_identical_to_constrained_ar"
+C_SAMPLED = "tests/test_constraints.py::test_sampled_constrained_mtp_follows_the_constrained_distribution"
+LOGPROBS = "tests/test_logprobs.py::test_emitted_logprobs_are_the_targets_raw_distribution_in_both_lanes"
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,20 @@ MUTANTS: List[Mutant] = [
            "adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])",
            "adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] - 1 : b - 1])",
            (TEACHER, STATE)),
+    Mutant("verify row i masked with the grammar before draft i", "core/decoders.py",
+           "allowed = None if c is None else mx.stack(masks)",
+           "allowed = None if c is None else mx.stack(masks[:1] + masks[:-1])",
+           (C_GREEDY, C_SAMPLED)),
+    Mutant("the grammar not rolled back past rejected drafts", "core/decoders.py",
+           "c.rollback(depth - n)", "c.rollback(0)",
+           (C_GREEDY, C_SAMPLED)),
+    Mutant("MTP logprobs read from the next verify row", "core/decoders.py",
+           'yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, : n + 1]',
+           'yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, 1 : n + 2]',
+           (LOGPROBS,)),
+    Mutant("AR logprobs read from the next step's row", "core/decoders.py",
+           "yield [token], [\"target\"], row", "yield [token], [\"target\"], next_row",
+           (LOGPROBS,)),
 ]
 
 

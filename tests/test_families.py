@@ -9,6 +9,7 @@ and the two layouts of one seed are the same model bit for bit.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 
@@ -16,7 +17,7 @@ import mlx.core as mx
 import pytest
 
 from adapters import CheckpointError, load_adapter
-from core import (AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
+from core import (Adapter, AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
                   history_prompt)
 from core.stream import cache_history, prefill
 from tests._engine_helpers import GREEDY, chi_square_pvalue, exact_joint, make_mixed_head, marginal
@@ -44,6 +45,22 @@ def family_adapters(tiny_checkpoint):
         return cache[key]
 
     return get
+
+
+# --------------------------------------------------------------------------- the contract
+@pytest.mark.parametrize("family", ("qwen3_5",) + FAMILIES)
+def test_every_family_has_the_contracts_members_with_its_signatures(family_adapters, family):
+    """core calls only core.model.Adapter: each family's adapter has every member, and every
+    method takes the parameters the protocol names (a renamed one breaks core's keyword calls)."""
+    ad = family_adapters(family, "mlx")
+    assert isinstance(ad, Adapter)
+    for name, want in vars(Adapter).items():
+        if callable(want) and not name.startswith("_"):
+            got = inspect.signature(getattr(ad, name)).parameters
+            assert list(got) == [p for p in inspect.signature(want).parameters if p != "self"], name
+    for name in Adapter.__annotations__:
+        assert getattr(ad, name) is not None, name
+    assert ad.vocab_size == ad.lm_head(mx.zeros((1, 1, ad.contract.hidden_size))).shape[-1]
 
 
 # --------------------------------------------------------------------------- exactness

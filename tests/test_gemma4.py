@@ -8,6 +8,7 @@ Prompts run past the sliding window (16 tokens here).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from collections import Counter
@@ -20,6 +21,7 @@ from adapters import CheckpointError, load_adapter
 from core import (AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
                   history_prompt)
 from core.acceptance import acceptance_probability, correction_distribution
+from core.model import Adapter
 from adapters.gemma4.drafter import NEG
 from core.stream import cache_history, prefill
 from tests._engine_helpers import GREEDY, chi_square_pvalue, exact_joint, marginal
@@ -45,6 +47,20 @@ def gemma_adapters(tiny_checkpoint):
         return cache[size, layout]
 
     return get
+
+
+# --------------------------------------------------------------------------- the contract
+@pytest.mark.parametrize("size", SIZES)
+def test_the_adapter_has_the_contracts_members_with_its_signatures(gemma_adapters, size):
+    ad = gemma_adapters(size)
+    assert isinstance(ad, Adapter)
+    for name, want in vars(Adapter).items():
+        if callable(want) and not name.startswith("_"):
+            got = inspect.signature(getattr(ad, name)).parameters
+            assert list(got) == [p for p in inspect.signature(want).parameters if p != "self"], name
+    for name in Adapter.__annotations__:
+        assert getattr(ad, name) is not None, name
+    assert ad.vocab_size == ad.lm_head(mx.zeros((1, 1, ad.args.hidden_size))).shape[-1] == 512
 
 
 # --------------------------------------------------------------------------- exactness

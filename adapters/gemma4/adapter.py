@@ -49,6 +49,8 @@ class Gemma4Adapter:
         self.compute_dtype = compute_dtype
         self.context_length = context_length
         self.notes = notes
+        self.vocab_size = int(model.language_model.args.vocab_size if hasattr(model, "language_model")
+                              else model.args.vocab_size)
         lm = model.language_model if hasattr(model, "language_model") else model
         self.lm = lm
         self.inner = lm.model
