@@ -72,6 +72,9 @@ def test_greedy_mtp_is_token_identical_to_ar_over_128_tokens(gemma_adapters, siz
     for prompt in PROMPTS:
         ar, _ = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=160)
         longest = max(longest, len(ar))
+        if prompt is PROMPTS[0]:
+            auto, _ = SpeculativeDecoder(ad, sampler=GREEDY, depth="auto").generate(prompt, max_tokens=160)
+            assert auto == ar
         for depth in (1, 2, 3, 4):
             mtp, stats = SpeculativeDecoder(ad, sampler=GREEDY, depth=depth).generate(prompt, max_tokens=160)
             assert mtp == ar, (prompt, depth)
@@ -79,8 +82,6 @@ def test_greedy_mtp_is_token_identical_to_ar_over_128_tokens(gemma_adapters, siz
             accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
     assert longest >= 128 and len(PROMPTS[0]) + longest > 8 * WINDOW
     assert 0.05 < accepted / proposed < 0.95, accepted / proposed  # drafts both pass and fail
-    auto, _ = SpeculativeDecoder(ad, sampler=GREEDY, depth="auto").generate(PROMPTS[0], max_tokens=160)
-    assert auto == AutoregressiveDecoder(ad, sampler=GREEDY).generate(PROMPTS[0], max_tokens=160)[0]
 
 
 def test_the_two_layouts_of_one_seed_are_the_same_model(gemma_adapters):
@@ -101,7 +102,7 @@ def test_sampled_tokens_follow_the_exact_distribution(gemma_adapters, size):
     """Tokens 2 and 3 come out of the first cycle at depth 2: chi-square against the exact joint
     distribution enumerated from the backbone alone."""
     ad = gemma_adapters(size)
-    sampler, prompt, runs = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4), PROMPTS[0], 1200
+    sampler, prompt, runs = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4), PROMPTS[0], 800
     exact = marginal(exact_joint(ad, sampler, prompt, 3), (1, 2))
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(runs):
