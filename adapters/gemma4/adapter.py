@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -27,6 +27,14 @@ from .drafter import Assistant
 @dataclass
 class Captured:
     width: int
+
+
+def kv_layers(layer_types, num_kv_shared_layers: int) -> Dict[str, int]:
+    """Layer type -> index of the last layer of that type that computes its own K/V: the layers
+    a drafter reads (E2B/E4B: the last `num_kv_shared_layers` layers reuse earlier K/V)."""
+    n_kv = len(layer_types) - int(num_kv_shared_layers or 0)
+    types = layer_types[: n_kv if n_kv > 0 else len(layer_types)]
+    return {kind: max(i for i, t in enumerate(types) if t == kind) for kind in set(types)}
 
 
 def _own(a):
@@ -58,9 +66,7 @@ class Gemma4Adapter:
         self.softcap = lm.final_logit_softcapping
         n_kv = self.args.num_hidden_layers - self.args.num_kv_shared_layers
         self.n_cache = n_kv if n_kv > 0 else self.args.num_hidden_layers
-        types = self.args.layer_types[: self.n_cache]
-        # The layers whose K/V the drafter reads: the last one of each kind that computes its own.
-        self.kv_source = {kind: max(i for i, t in enumerate(types) if t == kind) for kind in set(types)}
+        self.kv_source = kv_layers(self.args.layer_types, self.args.num_kv_shared_layers)
         self.window = self.args.sliding_window
         cpu_fp32 = compute_dtype == "float32" and mx.default_device() == mx.cpu
         # Row-major copies of the tied tables for the output projections on the CPU (adapters/cpu_layout.py).

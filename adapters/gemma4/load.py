@@ -19,7 +19,7 @@ from ..checkpoint import read_config, resolve, text_config
 from ..cpu_layout import to_row_major
 from ..errors import CheckpointError
 from ..options import LoadOptions
-from .adapter import Gemma4Adapter
+from .adapter import Gemma4Adapter, kv_layers
 from .drafter import Assistant, expected_tensors, head_kind
 
 DRAFTER_DIR = "assistant"   # BACKBONE/assistant/: where the drafter is found without --drafter
@@ -36,14 +36,6 @@ def find_drafter(path: Path, options: LoadOptions) -> Path:
     raise CheckpointError(
         f"{path} is a Gemma 4 backbone; its drafter is a separate checkpoint (the '-assistant' one, e.g. "
         f"gemma-4-E4B-it-assistant for gemma-4-E4B-it). Pass --drafter DIR, or put it in {auto}.")
-
-
-def _kv_layers(tc: dict) -> Dict[str, int]:
-    """Layer type -> index of the backbone's last layer of that type that computes its own K/V."""
-    n = tc["num_hidden_layers"]
-    n_kv = n - int(tc.get("num_kv_shared_layers") or 0)
-    types = tc["layer_types"][: n_kv if n_kv > 0 else n]
-    return {kind: max(i for i, t in enumerate(types) if t == kind) for kind in set(types)}
 
 
 def _kv_shape(tc: dict, kind: str) -> Tuple[int, int]:
@@ -70,7 +62,7 @@ def check_pair(backbone: Path, btc: dict, drafter: Path, dcfg: dict) -> None:
     if dcfg.get("backbone_hidden_size") != btc["hidden_size"]:
         problems.append(f"hidden size: {d} reads a backbone of backbone_hidden_size {dcfg.get('backbone_hidden_size')}, "
                         f"{b} has hidden_size {btc['hidden_size']}")
-    sources = _kv_layers(btc)
+    sources = kv_layers(btc["layer_types"][: btc["num_hidden_layers"]], btc.get("num_kv_shared_layers"))
     for kind in sorted(set(dtc.get("layer_types") or [])):
         if kind not in sources:
             problems.append(f"KV layers: {d} has {kind} layers, {b} has no {kind} layer that computes K/V")
