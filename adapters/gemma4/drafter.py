@@ -12,6 +12,9 @@ SinglePositionMultiTokenCandidateGenerator and mlx-vlm's gemma4_assistant run it
     logits = lm_head(h)                               # tied to model.embed_tokens, no softcap
 
 The first h_prev is the backbone's post-final-norm hidden state of the last committed position.
+The query position is the bonus token's (the cached length), as Hugging Face's generator sets
+it (`input_ids.shape[1] - 1` with the bonus in input_ids); mlx-vlm 0.7.10 uses one less. The
+sliding-window layer's keys are those the backbone's own mask gives a token at that position.
 E2B/E4B drafters (`use_ordered_embeddings`) score only the tokens of their top-k clusters
 (`masked_embedding.centroids` [2048, H] picks 32 clusters; `masked_embedding.token_ordering`
 [V] lists each cluster's tokens): 32 x 128 = 4,096 of 262,144 rows of the head. The others get
