@@ -84,6 +84,31 @@ def test_greedy_mtp_is_token_identical_to_ar_over_128_tokens(gemma_adapters, siz
     assert 0.05 < accepted / proposed < 0.95, accepted / proposed  # drafts both pass and fail
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_the_draft_step_is_the_published_one(tiny_checkpoint, gemma_adapters, size):
+    """Three recursive draft steps against tests/_gemma4_reference.py (numpy, from Hugging Face's
+    modeling code): the next h_prev and the scored logits, on a prompt past the sliding window."""
+    from tests._gemma4_reference import ReferenceDrafter
+
+    ad = gemma_adapters(size)
+    path = pair(tiny_checkpoint, size)
+    ref = ReferenceDrafter(path, path / "assistant")
+    cache = ad.make_cache()
+    _, h, _ = ad.forward(mx.array([PROMPTS[0]]), cache)
+    embed = np.array(ad.inner.embed_tokens.weight)
+    h_ours = h_ref = h[:, -1:]
+    h_ref, token = np.array(h[0, -1]), 77
+    for _ in range(3):
+        h_ours, logits = ad.draft_step({}, cache, h_ours, mx.array([[token]]))
+        h_ref, want = ref.step(embed, cache, h_ref, token, position=len(PROMPTS[0]))
+        got = np.array(logits[0])
+        scored = np.isfinite(want)
+        assert (got[~scored] == NEG).all() and scored.sum() == (128 if size == "small" else 512)
+        assert np.allclose(got[scored], want[scored], atol=2e-4), np.abs(got[scored] - want[scored]).max()
+        assert np.allclose(np.array(h_ours[0, 0]), h_ref, atol=2e-4)
+        token = int(np.argmax(want))
+
+
 def test_the_two_layouts_of_one_seed_are_the_same_model(gemma_adapters):
     for size in SIZES:
         x = mx.array([PROMPTS[0]])
