@@ -1,8 +1,8 @@
 """Checkpoint families: `load_adapter(path)` detects the family and returns its adapter.
 
 An adapter implements core.model.Adapter, the contract core decodes through. A family is a
-package (adapters/qwen3_5/, adapters/qwen3_5_moe/, adapters/qwen3_next/) with a `MODEL_TYPES`
-tuple, a `load(path, config, options)` function and, for the head checks of the inspection
+package (adapters/qwen3_5/, adapters/qwen3_5_moe/, adapters/qwen3_next/, adapters/gemma4/) with a
+`MODEL_TYPES` tuple, a `load(path, config, options)` function and, for the head checks of the inspection
 scripts, `FAMILY.label` and `head_spec(config)`. To add one:
 
 1. write its package: the layers as reference math (or reuse a family's, as the Qwen MoE and
@@ -23,13 +23,13 @@ from .runtime import preload_blas as _preload; _preload()  # noqa: E402,E702,I00
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from . import qwen3_5, qwen3_5_moe, qwen3_next
+from . import gemma4, qwen3_5, qwen3_5_moe, qwen3_next
 from .checkpoint import open_checkpoint
 from .contract import MTPContract
 from .errors import CheckpointError
 from .options import LoadOptions
 
-FAMILIES = {t: package for package in (qwen3_5, qwen3_5_moe, qwen3_next) for t in package.MODEL_TYPES}
+FAMILIES = {t: package for package in (qwen3_5, qwen3_5_moe, qwen3_next, gemma4) for t in package.MODEL_TYPES}
 
 
 def family_of(config: dict, where: Union[str, Path] = "config.json"):
@@ -38,7 +38,8 @@ def family_of(config: dict, where: Union[str, Path] = "config.json"):
     if family is None:
         raise CheckpointError(
             f"{where}: model_type '{config.get('model_type')}' is not supported. Supported: "
-            f"{', '.join(sorted(FAMILIES))} (Qwen3.5 / Qwythos, Qwen3.5/3.6-MoE and Qwen3-Next with their MTP head)."
+            f"{', '.join(sorted(FAMILIES))} (Qwen3.5 / Qwythos, Qwen3.5/3.6-MoE and Qwen3-Next with their MTP head; "
+            "Gemma 4 with its assistant drafter)."
         )
     return family
 
@@ -46,16 +47,21 @@ def family_of(config: dict, where: Union[str, Path] = "config.json"):
 def load_adapter(
     path: Union[str, Path], *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto",
     compiled: Optional[bool] = None, gpu_kernels: Optional[bool] = None, concat_order: Optional[str] = None,
-    log: Optional[Callable[[str], None]] = None, settings=None,
+    log: Optional[Callable[[str], None]] = None, settings=None, drafter: Optional[Union[str, Path]] = None,
 ):
     """Load trunk + MTP head. compute_dtype: "auto" (fp32 on the CPU backend), "float32", "native".
 
-    compiled / gpu_kernels / hidden_variant: None takes the settings' value (core.settings)."""
+    compiled / gpu_kernels / hidden_variant / drafter: None takes the settings' value (core.settings).
+    drafter: the directory of a drafter kept as its own checkpoint (Gemma 4's assistant)."""
     ckpt, config = open_checkpoint(path)
     family = family_of(config, ckpt)
+    if (drafter is not None or getattr(settings, "drafter", None)) and not getattr(family, "SEPARATE_DRAFTER", False):
+        raise CheckpointError(f"{ckpt}: --drafter is for a drafter kept as its own checkpoint (Gemma 4's assistant); "
+                              f"a {config.get('model_type')} checkpoint drafts with the MTP head inside it. "
+                              "Leave --drafter out.")
     options = LoadOptions.from_settings(settings, hidden_variant=hidden_variant, compute_dtype=compute_dtype,
                                         compiled=compiled, gpu_kernels=gpu_kernels, concat_order=concat_order,
-                                        log=log)
+                                        log=log, drafter=None if drafter is None else str(drafter))
     return family.load(ckpt, config, options)
 
 

@@ -24,6 +24,7 @@ class LoadOptions:
     compute_dtype: str = "auto"           # "auto" (fp32 on the CPU backend), "float32", "native"
     compiled: bool = True                 # the CPU-compiled backend for few-token forwards
     gpu_kernels: bool = True              # the adapter's own CUDA / Metal kernels
+    drafter: Optional[str] = None         # a drafter kept in its own checkpoint (Gemma 4's assistant)
     log: Callable[[str], None] = field(default=_say, compare=False)
 
     @classmethod
@@ -34,5 +35,5 @@ class LoadOptions:
 
             settings = get_settings()
         base = cls(hidden_variant=settings.hidden_variant, compiled=settings.compiled,
-                   gpu_kernels=settings.gpu_kernels)
+                   gpu_kernels=settings.gpu_kernels, drafter=getattr(settings, "drafter", None))
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})

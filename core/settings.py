@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTP_CHAT_", env_file=".env", extra="ignore")
 
     model: Path = Field(DEMO_MODEL_DIR, description="checkpoint directory (Qwythos layout)")
+    # A drafter kept as its own checkpoint (Gemma 4's '-assistant'); None: the family's default place.
+    drafter: Optional[Path] = None
     # Sampler defaults: the Qwythos published setting.
     temperature: float = Field(0.6, ge=0.0, le=5.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", default=str(d.depth))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=d.hidden_variant)
+    ap.add_argument("--drafter", default=None, help="the drafter's checkpoint when it is kept apart (Gemma 4)")
     ap.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.stream_generate lane")
     ap.add_argument("--context", type=int, action="append", metavar="N",
                     help="pad each prompt to about N tokens (repeatable: the whole paired benchmark runs "
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
         prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
     prompts = prompts or ["Define the word harbor."]
     print(describe_runtime(), file=sys.stderr)
-    adapter = load_adapter(args.model, hidden_variant=args.hidden_variant)
+    adapter = load_adapter(args.model, hidden_variant=args.hidden_variant, drafter=args.drafter)
     global adapter_tokenizer
     adapter_tokenizer = adapter.tokenizer
     print(adapter.describe(), file=sys.stderr)
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
 
     report = {
         "platform": runtime_info(),
-        "model": {"path": str(args.model), "describe": adapter.describe(), "contract": adapter.contract.summary()},
+        "model": {"path": str(args.model), "describe": adapter.describe(), "contract": adapter.contract.summary() if hasattr(adapter, "contract") else None,
+                  **({"pair": adapter.report()} if hasattr(adapter, "report") else {})},
         "sampler": {**sampler.__dict__, "seed_per_repeat": "repeat index"},
         "prompts": prompts,
         "max_tokens": args.max_tokens,

@@ -10,6 +10,10 @@ scripts/make_tiny_checkpoint.py and run through scripts/bench.py (greedy, depth 
 mlx_lm lanes interleaved, the cost model with whole cycles at depths 1-3). Random weights: the
 acceptance is the head trick's, not a trained model's; the cycle costs are what the numbers are
 for (how the MoE layers change a verify against a decode step on this CPU).
+
+gemma4_small / gemma4_large: a Gemma 4 pair (scripts/tiny_gemma4.py, the
+"aligned" drafter that copies part of the backbone; hidden 256, 16 layers): E2B-like with the centroid head, 31B-like
+with the full head. The drafter's step cost is the cost model's mtp_step.
 """
 from __future__ import annotations
 
@@ -30,12 +34,14 @@ SHAPE = dict(hidden_size=128, num_layers=8, full_attention_interval=4, num_heads
              linear_value_head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
              shared_expert_intermediate_size=64, bits=None, mtp_bits=None, frequent_tokens=0, logit_std=2.0,
              residual_gain=0.7, seed=0)
+GEMMA4_SHAPE = dict(hidden_size=256, num_layers=16, vocab_size=512, sliding_window=16, seed=0)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="docs/bench")
-    ap.add_argument("--families", nargs="*", default=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+    ap.add_argument("--families", nargs="*", default=["qwen3_5", "qwen3_5_moe", "qwen3_next"],
+                    help="also: gemma4_small, gemma4_large")
     ap.add_argument("--repeats", type=int, default=8)
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -43,13 +49,19 @@ def main(argv=None) -> int:
     summary = {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in a.families:
-            path = make_mixed_head(make_tiny_checkpoint(Path(tmp) / family, family=family, **SHAPE))
+            if family.startswith("gemma4_"):
+                shape = {**GEMMA4_SHAPE, "size": family.split("_")[1]}
+                path = make_tiny_checkpoint(Path(tmp) / family, family="gemma4", bits=None, gemma4=shape)
+                head = "aligned assistant drafter (scripts/tiny_gemma4.py)"
+            else:
+                shape, head = SHAPE, "fc copies the embedding path (tests' mixed head)"
+                path = make_mixed_head(make_tiny_checkpoint(Path(tmp) / family, family=family, **SHAPE))
             target = out / f"cpu-family-{family}.json"
             bench.main(["--model", str(path), "--depth", "2", "--temperature", "0", "--top-p", "1", "--top-k", "0",
                         "--max-tokens", "128", "--repeats", str(a.repeats), "--hidden-variant", "post_norm",
                         "--prompt", "Hi there", "--prompt", "What is the sea?", "--json", str(target)])
             r = json.loads(target.read_text())
-            r["checkpoint"] = {"family": family, **SHAPE, "head": "fc copies the embedding path (tests' mixed head)"}
+            r["checkpoint"] = {"family": family, **shape, "head": head}
             target.write_text(json.dumps(r, indent=2))
             summary[family] = {"mtp_over_ar": r["speedup_vs_ar_pooled"], "ar_vs_mlx_lm": r.get("ar_vs_mlx_lm"),
                                "acceptance_per_depth": r["mtp"]["acceptance_per_depth"],

@@ -109,7 +109,23 @@ def measure_wirings(ckpt, current, out) -> list:
     return []
 
 
-def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -> int:
+def inspect_pair(adapter, out, measure: bool) -> int:
+    """A family whose drafter is its own checkpoint (Gemma 4): its report, then acceptance."""
+    for line in adapter.report():
+        out(line)
+    tok = adapter.tokenizer
+    out(f"tokenizer: eos {tok.eos_token!r} (id {tok.eos_token_id}), chat template: "
+        f"{'yes' if getattr(tok, 'chat_template', None) else 'no'}")
+    if measure:
+        from core.probe import measure_acceptance
+
+        a = measure_acceptance(adapter)
+        out("measured acceptance (greedy, depth 2): " + " / ".join(f"{x:.0%}" for x in a.per_depth) + " per depth")
+    out("OK: the pair loaded and passed its checks.")
+    return 0
+
+
+def inspect(model: str, hidden_variant=None, out=print, measure: bool = False, drafter=None) -> int:
     flags, notes = [], []
     try:
         ckpt, config = open_checkpoint(model)
@@ -118,13 +134,17 @@ def inspect(model: str, hidden_variant=None, out=print, measure: bool = False) -
         return 1
     out(f"checkpoint: {ckpt}")
     try:
-        adapter = adapters.load_adapter(ckpt, hidden_variant=hidden_variant, compute_dtype="native")
+        adapter = adapters.load_adapter(ckpt, hidden_variant=hidden_variant, compute_dtype="native", drafter=drafter)
     except CheckpointError as exc:
         out(f"FLAG: {exc}")
+        if getattr(adapters.FAMILIES.get(config.get("model_type")), "SEPARATE_DRAFTER", False):
+            return 1
         _from_config(config, out)
         out(f"run scripts/inspect_mtp_weights.py --model {model} for the sidecar's tensors.")
         return 1
 
+    if not hasattr(adapter, "contract"):
+        return inspect_pair(adapter, out, measure)
     c = adapter.contract
     family = adapters.family_of(config, ckpt)
     tc = family.FAMILY.text_config(config)
@@ -204,8 +224,9 @@ def main(argv=None) -> int:
                    help="override the checkpoint's hidden-state variant")
     p.add_argument("--measure", action="store_true",
                    help="measure acceptance for each head wiring and say which one the checkpoint needs")
+    p.add_argument("--drafter", default=None, help="the drafter's checkpoint when it is kept apart (Gemma 4)")
     args = p.parse_args(argv)
-    return inspect(args.model, hidden_variant=args.hidden_variant, measure=args.measure)
+    return inspect(args.model, hidden_variant=args.hidden_variant, measure=args.measure, drafter=args.drafter)
 
 
 if __name__ == "__main__":

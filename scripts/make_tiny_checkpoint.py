@@ -372,6 +372,7 @@ def make_tiny_checkpoint(
     moe_intermediate_size: int = 32,
     shared_expert_intermediate_size: int = 32,
     mtp_gate_bits: int = 8,
+    gemma4: Optional[dict] = None,
 ) -> Path:
     """Write a random-weight Qwythos-layout checkpoint into ``out_dir`` and return its path.
 
@@ -392,8 +393,10 @@ def make_tiny_checkpoint(
 
     ``family``: ``qwen3_5`` (dense), ``qwen3_5_moe`` (routed experts in every layer and in the
     head, stored fused: ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``; config keys
-    of Qwen3_5MoeTextConfig) or ``qwen3_next`` (flat config.json, fused ``in_proj_qkvz`` /
-    ``in_proj_ba``, experts one tensor each: ``experts.{e}.{gate,up,down}_proj.weight``).
+    of Qwen3_5MoeTextConfig), ``qwen3_next`` (flat config.json, fused ``in_proj_qkvz`` /
+    ``in_proj_ba``, experts one tensor each: ``experts.{e}.{gate,up,down}_proj.weight``) or
+    ``gemma4`` (a backbone and its assistant drafter in ``out_dir/assistant``, written by
+    scripts/tiny_gemma4.py; ``gemma4={"size": "large", ...}`` passes its own options).
     ``layout``: ``mlx`` (an ``mlx_lm convert`` conversion, head stripped, plus the head as a
     sidecar with Hugging Face names; a quantized MoE head keeps its router gates at
     ``mtp_gate_bits``, registered per tensor in ``mtplx_mtp_quantization``) or ``hf`` (the
@@ -401,6 +404,13 @@ def make_tiny_checkpoint(
     [C, 1, K], RMSNorm weights stored zero-centred, ``mtp.*`` inside the shards, no sidecar and
     no ``mtp_*`` convention keys; ``bits``/``mtp_bits``/sidecar options do not apply).
     """
+    if family == "gemma4":   # a backbone and its assistant drafter: scripts/tiny_gemma4.py
+        from scripts.tiny_gemma4 import make_tiny_gemma4
+
+        common = dict(layout=layout, hidden_size=hidden_size, vocab_size=vocab_size, seed=seed,
+                      bits=bits if layout == "mlx" else None, group_size=group_size, template=template,
+                      overwrite=overwrite, max_position_embeddings=max_position_embeddings)
+        return make_tiny_gemma4(out_dir, **{**common, **(gemma4 or {})})
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten
@@ -596,7 +606,7 @@ def make_tiny_checkpoint(
     return out
 
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4")
 LAYOUTS = ("mlx", "hf")
 
 
@@ -847,8 +857,14 @@ def main(argv=None) -> int:
     p.add_argument("--sidecar-keys", choices=SIDECAR_KEY_MODES, default="both")
     p.add_argument("--template", choices=sorted(TEMPLATES), default="chatml",
                    help="chat template: ChatML, or Qwen3.5-style with tools and thinking")
+    p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
+    p.add_argument("--layout", choices=LAYOUTS, default="mlx")
+    p.add_argument("--gemma4-size", choices=["small", "large"], default="small",
+                   help="family gemma4: E2B/E4B-like (centroid drafter head) or 31B-like (full head)")
     a = vars(p.parse_args(argv))
     out = a.pop("out")
+    size = a.pop("gemma4_size")
+    a["gemma4"] = {"size": size} if a["family"] == "gemma4" else None
     a["quant_overrides"] = {k: int(v) for k, v in
                             (item.split("=", 1) for item in a.pop("quant_override"))} or None
     path = make_tiny_checkpoint(out, **a)

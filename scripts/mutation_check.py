@@ -40,6 +40,9 @@ SHARED = "tests/test_race_truth.py::test_two_lanes_restored_from_one_snapshot_do
 C_GREEDY = "tests/test_constraints.py::test_greedy_constrained_mtp_is_token_identical_to_constrained_ar"
 C_SAMPLED = "tests/test_constraints.py::test_sampled_constrained_mtp_follows_the_constrained_distribution"
 LOGPROBS = "tests/test_logprobs.py::test_emitted_logprobs_are_the_targets_raw_distribution_in_both_lanes"
+G_STEP = "tests/test_gemma4.py::test_the_draft_step_is_the_published_one"
+G_ROLLBACK = "tests/test_gemma4.py::test_rollback_keeps_exactly_the_verified_prefix"
+G_RESIDUAL = "tests/test_gemma4.py::test_a_token_outside_the_drafters_clusters_is_reached_through_the_residual"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,17 @@ MUTANTS: List[Mutant] = [
            'yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, : n + 1]',
            'yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, 1 : n + 2]',
            (LOGPROBS,)),
+    Mutant("Gemma 4 drafter queries at the last cached position (mlx-vlm's)", "adapters/gemma4/adapter.py",
+           "position = cache[0].offset", "position = cache[0].offset - 1", (G_STEP,)),
+    Mutant("Gemma 4 drafter sees one key too many on the sliding layer", "adapters/gemma4/adapter.py",
+           "start = max(0, L - self.window + 1)", "start = max(0, L - self.window)", (G_STEP,)),
+    Mutant("Gemma 4 drafter input embedding unscaled", "adapters/gemma4/adapter.py",
+           "emb = self.inner.embed_tokens(tokens[:, -1:]) * self.inner.embed_scale",
+           "emb = self.inner.embed_tokens(tokens[:, -1:])", (G_STEP,)),
+    Mutant("Gemma 4 rollback keeps one rejected position", "adapters/gemma4/adapter.py",
+           "c.trim(drop)", "c.trim(drop - 1)", (G_ROLLBACK,)),
+    Mutant("Gemma 4 centroid head leaves unscored tokens a draft probability", "adapters/gemma4/drafter.py",
+           "NEG = -1e9", "NEG = -5.0", (G_RESIDUAL, G_STEP)),
     Mutant("AR logprobs read from the next step's row", "core/decoders.py",
            "yield [token], [\"target\"], row", "yield [token], [\"target\"], next_row",
            (LOGPROBS,)),

@@ -109,7 +109,7 @@ def test_config_without_model_type(tmp_path):
 def test_unsupported_model_type(tiny_checkpoint, model_type):
     path = tiny_checkpoint(fresh=True)
     _edit_config(path, model_type=model_type)
-    _has(_error(path), f"model_type '{model_type}' is not supported", "Supported: qwen3_5")
+    _has(_error(path), f"model_type '{model_type}' is not supported", "Supported: gemma4, gemma4_text, qwen3_5, qwen3_5_moe, qwen3_next")
 
 
 def test_text_config_key_missing(tiny_checkpoint, trunk_untouched):

@@ -22,6 +22,9 @@ def build_parser(defaults) -> argparse.ArgumentParser:
         epilog="Every flag also reads MTP_CHAT_<NAME> from the environment (e.g. MTP_CHAT_AUTH=user:pass).")
     p.add_argument("--model", default=str(defaults.model),
                    help="checkpoint directory (default: the bundled demo model, %(default)s)")
+    p.add_argument("--drafter", default=defaults.drafter and str(defaults.drafter), metavar="DIR",
+                   help="the drafter's checkpoint when it is kept apart from the model (Gemma 4's '-assistant'; "
+                        "default: MODEL/assistant/)")
     p.add_argument("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=defaults.port, help="port (default %(default)s)")
     p.add_argument("--lan", action="store_true", default=defaults.lan,
@@ -74,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     args = build_parser(base).parse_args(argv)
     try:
-        settings = get_settings(model=args.model, host=args.host, port=args.port, lan=args.lan,
+        settings = get_settings(model=args.model, drafter=args.drafter, host=args.host, port=args.port, lan=args.lan,
                                 auth=args.auth, depth=args.depth, api_key=args.api_key or None,
                                 cors_origins=args.cors_origins, response_store=args.response_store)
         auth = parse_auth(settings.auth)
