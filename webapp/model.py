@@ -51,12 +51,36 @@ class ModelHost:
         from core import PrefixCache, context_window
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
-        self.prefix_cache = PrefixCache(mb * 2**20) if mb > 0 else None
+        self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
+                                        defer=self._in_idle_time) if mb > 0 else None
         self.context_length = context_window(adapter, getattr(settings, "max_context", None))
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log)
+
+    def _disk_cache(self, log: Callable[[str], None]):
+        """The prefix cache's disk store (settings cache_dir, disk_cache_mb, disk_cache_ttl_hours),
+        or None: off, or no checkpoint folder to tie the entries to."""
+        from core.disk_cache import DiskCache, default_dir, model_identity
+
+        where = getattr(self.settings, "cache_dir", "")
+        mb = int(getattr(self.settings, "disk_cache_mb", 0) or 0)
+        if where == "" or mb <= 0 or self.path is None:
+            return None
+        # Whatever decides a snapshot's numbers: the checkpoint, tokenizer, compute dtype, hidden
+        # variant and backend are all in describe(); a change of any starts a folder of its own.
+        identity = model_identity(self.path, [self.description])
+        return DiskCache(default_dir() if where is None else where, identity, mb * 2**20,
+                         float(getattr(self.settings, "disk_cache_ttl_hours", 0) or 0) * 3600, say=log)
+
+    def _in_idle_time(self, write: Callable[[], int]) -> None:
+        self.worker.in_idle_time(write() for _ in range(1))   # one slice: the writes waiting now
+
+    def flush_cache(self, timeout: float = 10.0) -> None:
+        """Write the snapshots still waiting for idle time to disk (at shutdown)."""
+        if self.prefix_cache is not None and self.prefix_cache.disk is not None:
+            self.worker.later(self.prefix_cache.spill).result(timeout)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":

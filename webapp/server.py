@@ -205,6 +205,7 @@ class Shutdown:
         self.stops = None
         self.requested = threading.Event()
         self.signal_name = ""
+        self.before_exit: list = []   # callables run after the decodes stopped (the disk cache's writes)
 
     def install(self) -> "Shutdown":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -234,6 +235,11 @@ class Shutdown:
         if stops.active():
             self.log(f"{self.signal_name}: {stops.active()} decode(s) still running after {self.grace:g} s; exiting anyway")
         time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))   # last updates go out
+        for fn in self.before_exit:
+            try:
+                fn()
+            except Exception as exc:   # noqa: BLE001 - exiting anyway; say what was lost
+                self.log(f"{self.signal_name}: {type(exc).__name__} before exit: {exc}")
         _exit(0)
 
 
