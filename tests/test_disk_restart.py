@@ -241,3 +241,13 @@ def test_a_server_killed_while_writing_loses_nothing_it_had_written(adapter, che
     assert not [f for f in dc.dir.iterdir() if f.name.endswith(TMP)]
     _, out = turns(adapter, 4, PrefixCache(2**30, disk=dc))
     assert [o[0] for o in out] == [r[0] for r in reference[1]]
+
+
+def test_clear_cache_empties_the_folder_and_exits(adapter, checkpoint, tmp_path):
+    turns(adapter, 2, PrefixCache(2**30, disk=disk(adapter, checkpoint, tmp_path)[0]))
+    assert list(tmp_path.rglob("*.safetensors"))
+    done = subprocess.run([sys.executable, "-m", "webapp", "--clear-cache"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MTP_CHAT_CACHE_DIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert "removed" in done.stdout and str(tmp_path) in done.stdout
+    assert not list(tmp_path.rglob("*.safetensors"))

@@ -1,6 +1,8 @@
 """OpenAI-compatible routes on the app's own server, beside the web UI.
 
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``.
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, and
+``GET /metrics`` (Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells
+what the server decoded, which is as private as the API itself.
 Decodes go through ``host.stream`` like the UI's replies: the same model thread, the same
 prefix cache. Every refusal is a 4xx in OpenAI's error shape (``api_errors``); a client
 that disconnects, a stop sequence or shutdown ends the decode within one cycle.
@@ -24,6 +26,7 @@ from .api_format import DONE, KEEPALIVE, Reply, figures, finish_reason, sse, usa
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
 from .api_text import ReplyShaper
+from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .netinfo import is_loopback
 from .stops import StopRegistry
 
@@ -117,6 +120,13 @@ class OpenAIApi:
         return JSONResponse({"object": "list", "data": [
             {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}]})
 
+    async def metrics(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+        except ApiError as exc:
+            return self.refuse(request, exc)
+        return Response(self.host.metrics.render(), media_type=METRICS_TYPE)
+
     async def read_request(self, request: Request, parse) -> ApiRequest:
         """Key, size, JSON, fields, model: the checks every completion request passes."""
         self.authorize(request)
@@ -170,6 +180,7 @@ class OpenAIApi:
         r = APIRouter()
         r.add_api_route("/health", self.health, methods=["GET"], include_in_schema=False)
         r.add_api_route("/v1/models", self.models, methods=["GET"], include_in_schema=False)
+        r.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
         r.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], include_in_schema=False)
         r.add_api_route("/v1/completions", self.completions, methods=["POST"], include_in_schema=False)
         r.add_api_route("/v1/{rest:path}", self.unknown, include_in_schema=False,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .calibration import Calibration
+from .metrics import Metrics
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
@@ -54,6 +55,7 @@ class ModelHost:
         self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
                                         defer=self._in_idle_time) if mb > 0 else None
         self.context_length = context_window(adapter, getattr(settings, "max_context", None))
+        self.metrics = Metrics()
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
@@ -106,19 +108,35 @@ class ModelHost:
                                   max_depth=self.max_depth, prefix_cache=self.prefix_cache)
 
     def stream(self, mode: str, params: RunParams, prompt_ids, stop=None, stop_strings=(),
-               thinking: Optional[bool] = None) -> WorkerStream:
+               thinking: Optional[bool] = None, source: str = "chat") -> WorkerStream:
         """The engine's event stream for one reply, stepped on the model thread. `prompt_ids`:
         what prompt_ids / fit return (keeps the prefix-cache marks) or plain ids; `thinking`:
-        the reply starts inside a think block (None: find out from the prompt)."""
+        the reply starts inside a think block (None: find out from the prompt); `source`
+        ("chat", "race", "api") labels the decode in /metrics, counted once when it ends."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
         if mode == "mtp" and params.depth == "auto":
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
-        stream = self.worker.stream(lambda: self.decoder(mode, params).stream(
-            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking))
+        stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params).stream(
+            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking),
+            params.depth, source))
         stream.stop_event = stop
         return stream
+
+    def _counted(self, events, depth, source: str):
+        """The events, and the decode counted in the metrics when it ends: at its last event, or
+        when its reader closes it early (then its finish reason is 'unknown')."""
+        stats = None
+        try:
+            for ev in events:
+                stats = ev.stats
+                yield ev
+                if ev.finished:
+                    return
+        finally:
+            if stats is not None:
+                self.metrics.observe(stats, depth=depth, source=source)
 
     def remember(self, messages: List[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> None:
         """After a reply: snapshot the conversation, reply included, as the next turn's prompt will

@@ -198,8 +198,8 @@ class RaceHandlers:
             # covers N different samples (the same seeds scripts/bench.py uses per repeat).
             run_params = replace(params, seed=params.seed + run)
             lanes[:] = [
-                TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop), record=record),
-                TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop), record=record),
+                TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop, source="race"), record=record),
+                TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop, source="race"), record=record),
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
             note = (f"run {run + 1}/{n_runs}, seed {run_params.seed}; " if n_runs > 1 else "") + start_state
