@@ -90,6 +90,8 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
         last = recs[-1]
         v.finished, v.finish_reason = last.finished, last.finish_reason
         v.prefilled_tokens = last.stats.get("prefilled_tokens")
+        if last.finished:
+            v.waterfall, v.wall = last.stats.get("waterfall") or {}, last.stats.get("compute_seconds") or 0.0
         if key == "mtp":
             s = last.stats
             v.acceptance = s.get("acceptance_rate")
