@@ -1,5 +1,6 @@
 """The decoding engine: an exact MTP speculative lane and a matching autoregressive lane."""
 from .acceptance import residual, verify_drafts
+from .constraints import Constraint, GrammarError
 from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prompt
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
@@ -9,6 +10,7 @@ from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .calibrate import measure_costs
 from .model import Adapter, State
 from .sampling import NonFiniteLogitsError, SamplerConfig
+from .logprobs import TokenLogprob, prompt_logprobs
 from .stats import GenerationStats
 from .stream import PrefillStopped, Prompt, StreamEvent, synchronize
 
@@ -18,4 +20,5 @@ __all__ = [
     "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
     "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
     "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Adapter", "State",
+    "Constraint", "GrammarError", "TokenLogprob", "prompt_logprobs",
 ]

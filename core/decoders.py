@@ -6,6 +6,7 @@ from typing import Iterator, List, Tuple, Union
 import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
+from .constraints import allowed_after
 from .costs import DepthPolicy, cached_costs
 from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
 from .stats import GenerationStats
@@ -16,18 +17,19 @@ class AutoregressiveDecoder(Lane):
     mode = "ar"
     needs_head = False
 
-    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0, prefix_cache=None):
-        super().__init__(adapter, sampler, seed, prefix_cache)
+    def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0, prefix_cache=None,
+                 constraint=None):
+        super().__init__(adapter, sampler, seed, prefix_cache, constraint)
 
-    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str]]]:
-        ad, keys = self.adapter, KeyStream(self.seed, active=not self.sampler.greedy)
+    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str], mx.array]]:
+        ad, keys, c = self.adapter, KeyStream(self.seed, active=not self.sampler.greedy), self.constraint
 
-        def sample(logits):
+        def sample(logits, allowed):
             # -1 marks a non-finite logit row: one value to read per step, no second sync.
-            return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next()).astype(mx.int32), -1)
+            return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next(), allowed).astype(mx.int32), -1)
 
         cache, _, done = self._prefill(prompt, stats, stop)
-        y = sample(done.logits)
+        y, row = sample(done.logits, allowed_after(c)), done.logits
         mx.async_eval(y)  # the first token must not wait behind the next step
         stats.target_forwards += 1
         for n in range(1, max_tokens + 1):
@@ -35,14 +37,15 @@ class AutoregressiveDecoder(Lane):
                 # Queue the next step before reading this token: the host builds the
                 # graph while the device computes (as mlx_lm.generate_step does).
                 logits, _, _ = ad.forward(y[None], cache, all_logits=False)
-                next_y = sample(logits[:, -1])
+                # A grammar's next mask needs this token on the host (the step still overlaps it).
+                next_y, next_row = sample(logits[:, -1], allowed_after(c, y)), logits[:, -1]
                 mx.async_eval(next_y)
             token = y.item()
             check_finite(token >= 0, "target model")
             if n > 1:
                 stats.record_cycle(0, 0)
-            yield [token], ["target"]
-            y = next_y
+            yield [token], ["target"], row
+            y, row = next_y, next_row
 
 
 class SpeculativeDecoder(Lane):
@@ -52,8 +55,8 @@ class SpeculativeDecoder(Lane):
 
     def __init__(self, adapter, sampler: SamplerConfig = SamplerConfig(), seed: int = 0,
                  depth: Union[int, str] = _DEFAULT["depth"], max_depth: int = _DEFAULT["max_depth"],
-                 prefix_cache=None):
-        super().__init__(adapter, sampler, seed, prefix_cache)
+                 prefix_cache=None, constraint=None):
+        super().__init__(adapter, sampler, seed, prefix_cache, constraint)
         if depth != "auto" and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
             raise ValueError(f"depth must be an integer >= 1 or 'auto', got {depth!r}")
         self.depth = depth
@@ -67,15 +70,18 @@ class SpeculativeDecoder(Lane):
             return self.costs
         return lambda: cached_costs(self.adapter, context)
 
-    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str]]]:
+    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed, active=not self.sampler.greedy)
+        c = self.constraint  # a grammar: masks p and q alike, advances over drafts, rolls back rejections
         policy = DepthPolicy(self.depth, self.max_depth, self.costs_at(len(prompt.ids)))
         cache, draft, done = self._prefill(prompt, stats, stop)
-        first = sampler.sample(done.logits, keys.next())
+        first = sampler.sample(done.logits, keys.next(), allowed_after(c))
         check_finite(all_finite(done.logits).item(), "target model")
         stats.target_forwards += 1
         pending = first.item()
-        yield [pending], ["target"]
+        if c is not None:
+            c.advance([pending])
+        yield [pending], ["target"], done.logits
         # What the head has not seen yet: the prompt's last hidden state with the first token.
         feed_h, feed_t = done.hidden, first
         produced = 1
@@ -85,31 +91,35 @@ class SpeculativeDecoder(Lane):
             depth = min(stats.depth, max_tokens - produced - 1)
             if depth <= 0:  # plain AR step: priced out, or only one token left to make
                 logits, h, _ = ad.forward(mx.array([[pending]]), cache)
-                y = sampler.sample(logits[0], keys.next())
+                y = sampler.sample(logits[0], keys.next(), allowed_after(c))
                 mx.eval(y)
                 check_finite(all_finite(logits).item(), "target model")
                 feed_h, feed_t = mx.concatenate([feed_h, h], axis=1), mx.concatenate([feed_t, y])
                 stats.record_cycle(0, 0)
                 pending = y.item()
+                if c is not None:
+                    c.advance([pending])
                 produced += 1
-                yield [pending], ["target"]
+                yield [pending], ["target"], logits[0]
                 continue
 
             # 1. Draft: the drafter catches up on the new positions, then runs recursively.
             drafts, qs, draft_logits = [], [], []
-            h, t = feed_h, feed_t
+            h, t, masks = feed_h, feed_t, [allowed_after(c)]
             for _ in range(depth):
                 h, logits = ad.draft_step(draft, cache, h, t[None])
                 draft_logits.append(logits)
-                t, q = sampler.draw(logits, keys.next())
+                t, q = sampler.draw(logits, keys.next(), masks[-1])
                 drafts.append(t)
                 qs.append(q)
+                masks.append(allowed_after(c, t))  # the next mask depends on this draft (a sync)
             drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
             mx.async_eval(drafts)  # the head computes while the verify graph is built
 
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
-            p = logits[0] if sampler.greedy else sampler.support(logits[0])  # greedy needs the argmax only
+            allowed = None if c is None else mx.stack(masks)  # verify row i: the mask after d1..di
+            p = sampler.mask(logits[0], allowed) if sampler.greedy else sampler.support(logits[0], allowed)
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
@@ -126,9 +136,12 @@ class SpeculativeDecoder(Lane):
             feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
             stats.record_cycle(depth, n)
             pending = new.item()
+            if c is not None:
+                c.rollback(depth - n)
+                c.advance([pending])
             tokens = drafts[:n].tolist() + [pending]
             produced += len(tokens)
-            yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"]
+            yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, : n + 1]
 
 
 def _stack(supports):

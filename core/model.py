@@ -62,6 +62,7 @@ class Adapter(Protocol):
 
     tokenizer: Any          # mlx-lm TokenizerWrapper: encode/decode, eos_token_ids, detokenizer, chat template
     context_length: int     # the model's own context in tokens (max_position_embeddings)
+    vocab_size: int         # the width of a logits row (a grammar's mask and a token id's bound)
 
     def describe(self) -> str:
         """One line for people: family, layers, quantization, the head, the backend in use."""

@@ -1,4 +1,8 @@
-"""One sampler definition for both lanes: p (target), q (draft) and the AR lane use `probs`."""
+"""One sampler definition for both lanes: p (target), q (draft) and the AR lane use `probs`.
+
+Every method takes an optional `allowed` mask (bool [..., V], from core.constraints): tokens
+outside it get -inf logits before anything else, so a grammar constrains p, q and the AR lane
+through this one path."""
 from __future__ import annotations
 
 import math
@@ -46,33 +50,39 @@ class SamplerConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def probs(self, logits: mx.array) -> mx.array:
+    @staticmethod
+    def mask(logits: mx.array, allowed=None) -> mx.array:
+        """logits with the tokens outside `allowed` at -inf (unchanged without a mask)."""
+        return logits if allowed is None else mx.where(allowed, logits, -mx.inf)
+
+    def probs(self, logits: mx.array, allowed=None) -> mx.array:
         """logits [..., V] -> fp32 probabilities [..., V] of the filtered distribution."""
+        logits = self.mask(logits, allowed)
         if self.greedy:
             top = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
         idx, p = self.support(logits)
         return p if idx is None else _scatter(idx, p, logits.shape)
 
-    def sample(self, logits: mx.array, key: mx.array) -> mx.array:
+    def sample(self, logits: mx.array, key: mx.array, allowed=None) -> mx.array:
         """One token per row of logits [..., V], drawn from `probs` (argmax when greedy)."""
-        return self.draw(logits, key)[0]
+        return self.draw(logits, key, allowed)[0]
 
-    def draw(self, logits: mx.array, key: mx.array):
+    def draw(self, logits: mx.array, key: mx.array, allowed=None):
         """(token, support) for a draft: the draw and the distribution it came from, as
         support = (indices or None, probabilities over them); support is None when greedy."""
         if self.greedy:
-            return mx.argmax(logits, axis=-1), None
-        idx, p = self.support(logits)
+            return mx.argmax(self.mask(logits, allowed), axis=-1), None
+        idx, p = self.support(logits, allowed)
         j = categorical(p, key)
         if idx is None:
             return j, (None, p)
         return mx.take_along_axis(idx, j[..., None], axis=-1)[..., 0], (idx, p)
 
-    def support(self, logits: mx.array):
+    def support(self, logits: mx.array, allowed=None):
         """(indices or None, probabilities over them): with top_k on, only k columns are kept,
         so the filter, the draw and the acceptance test work on k values, not the vocabulary."""
-        x = logits.astype(mx.float32) / self.temperature
+        x = self.mask(logits.astype(mx.float32), allowed) / self.temperature
         idx = None
         if 0 < self.top_k < x.shape[-1]:
             idx = mx.argpartition(-x, self.top_k - 1, axis=-1)[..., : self.top_k]

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     lan: bool = False
     auth: Optional[str] = Field(None, description="USER:PASS required to open the app")
     api_key: Optional[str] = Field(None, description="bearer key required on the OpenAI-compatible API (/v1)")
+    # Web origins (comma-separated, e.g. "http://localhost:3000") whose pages may call /v1 (CORS); none by default.
+    cors_origins: str = ""
+    # /v1/responses replies kept in memory for previous_response_id (least recently used go first); 0 = none.
+    response_store: int = Field(256, ge=0)
     # Prefix cache: snapshots of recent conversations' prompt state (trunk caches, the MTP
     # head's history). 2 GiB holds ~10 turns of several conversations at the 9B shape (a
     # snapshot there is ~50 MiB of Gated-DeltaNet state plus 32 KiB of attention KV a token)
@@ -69,6 +73,19 @@ class Settings(BaseSettings):
         if v < 1:
             raise ValueError("depth must be >= 1 or 'auto'")
         return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _cors(cls, v):
+        for origin in filter(None, (o.strip() for o in v.split(","))):
+            if origin != "*" and (not origin.startswith(("http://", "https://")) or origin.count("/") != 2):
+                raise ValueError(f"cors_origins: {origin!r} is not an origin like http://localhost:3000 (scheme, "
+                                 f"host, optional port, no path)")
+        return v
+
+    @property
+    def cors_list(self) -> tuple:
+        return tuple(o.strip().rstrip("/") for o in self.cors_origins.split(",") if o.strip())
 
     @field_validator("auth")
     @classmethod

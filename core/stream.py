@@ -7,6 +7,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .logprobs import token_logprobs
 from .prefix_cache import Snapshot, marks_within
 from .stats import GenerationStats, OwnClock
 
@@ -22,6 +23,7 @@ class StreamEvent:
     stats: GenerationStats
     finished: bool = False
     finish_reason: Optional[str] = None  # "eos" | "stop_string" | "max_tokens" | "stopped"
+    logprobs: Optional[list] = None  # per token a core.logprobs.TokenLogprob, when the stream was asked
 
 
 def synchronize() -> None:
@@ -146,21 +148,24 @@ def cache_history(adapter, history: Prompt, prefix_cache) -> int:
 class Lane:
     """Base of both decoders: `stream` wraps the lane's `_steps` generator.
 
-    `_steps(prompt, max_tokens, stats, stop)` yields (tokens, origins) lists; its first yield
-    is the token sampled from the prompt's last position. With a `prefix_cache`
-    (core.prefix_cache.PrefixCache) the prefill starts from the longest stored prefix.
+    `_steps(prompt, max_tokens, stats, stop)` yields (tokens, origins, rows): the tokens, their
+    origins and the target's logits each was sampled from ([len(tokens), V], read only for
+    logprobs); its first yield is the token sampled from the prompt's last position. With a
+    `prefix_cache` (core.prefix_cache.PrefixCache) the prefill starts from the longest stored
+    prefix; with a `constraint` (core.constraints.Constraint) every token obeys its grammar.
     """
 
     mode = "ar"
 
-    def __init__(self, adapter, sampler, seed: int = 0, prefix_cache=None):
+    def __init__(self, adapter, sampler, seed: int = 0, prefix_cache=None, constraint=None):
         self.adapter = adapter
         self.sampler = sampler
         self.seed = seed
         self.prefix_cache = prefix_cache
+        self.constraint = constraint
 
     def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
-               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str]]]:
+               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         raise NotImplementedError
 
     def _make_caches(self):
@@ -193,9 +198,12 @@ class Lane:
         stop: Optional[threading.Event] = None,
         stop_strings: Sequence[str] = (),
         thinking: bool = False,
+        logprobs: Optional[int] = None,
     ) -> Iterator[StreamEvent]:
         """Events of one reply. `thinking`: the reply starts inside a think block (the template
-        opened it); stop strings then apply to the answer only, not to the reasoning."""
+        opened it); stop strings then apply to the answer only, not to the reasoning.
+        `logprobs`: each event also carries its tokens' log-probabilities with this many
+        alternatives (core.logprobs)."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         prompt = as_prompt(prompt_ids)
@@ -211,11 +219,12 @@ class Lane:
         answer_from = None if thinking else 0
         try:
             while True:
+                rows = None
                 if stop is not None and stop.is_set():
                     reason, tokens, origins = "stopped", [], []
                 else:
                     try:
-                        tokens, origins = next(steps)
+                        tokens, origins, rows = next(steps)
                         reason = None
                     except PrefillStopped:
                         tokens, origins, reason = [], [], "stopped"
@@ -259,7 +268,8 @@ class Lane:
                 stats.decode_seconds = now - stats.prefill_seconds
                 stats.finish_reason = reason
                 clock.pause()
-                yield StreamEvent(tokens, origins, new_text, stats, reason is not None, reason)
+                lps = None if logprobs is None else token_logprobs(rows, tokens, logprobs)   # [] for no tokens
+                yield StreamEvent(tokens, origins, new_text, stats, reason is not None, reason, lps)
                 if reason is not None:
                     return
                 clock.resume()

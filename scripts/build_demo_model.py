@@ -3,33 +3,34 @@
 
 Stages (run all, or any subset in order):
 
-    corpus     chat conversations from Debian packages (WordNet, Python docs, fortunes,
-               Devil's Dictionary, Jargon File, Jane Austen) -> artifacts/demo/corpus
-    tokenizer  byte-level BPE, 8192 tokens, ChatML specials; pre-tokenized stream
-               -> artifacts/demo/tokenizer, artifacts/demo/data (train_tokens.npy, eval prompts)
-    train      PyTorch trunk + MTP head, joint (scripts/demo_model/train_torch.py); on a GPU
-               in minutes, on a CPU in days (same code) -> artifacts/demo/runs/<name>-NN.safetensors
-    selfdistill  the head alone, refitted to the trunk on the trunk's own replies to the training
-               prompts (scripts/demo_model/self_distill.py gen/train/merge; trunk unchanged)
-               -> artifacts/demo/sd/<name>_sd-NN.safetensors
-    cotrain    trunk and head fine-tuned together, the head's loss reaching the trunk's own
-               distribution and a KL anchor holding the trunk near the self-distilled one: round 1
-               on those replies (run "U3"), then the round-1 model answers the training prompts
-               itself and round 2 trains on its own replies, anchored harder (run "V2", shipped),
-               so that the anchor sees the repetition loops round 1 fell into
-               -> artifacts/demo/sd/<name>_co2-NN.safetensors, which export then reads
+    corpus     conversations from Debian packages (WordNet, Python docs, fortunes, Devil's
+               Dictionary, Jargon File, Jane Austen) and generated everyday questions, tool calls
+               and thinking, rendered with the demo's Qwen3.5 chat template
+               (scripts/demo_model/conversations.py) -> artifacts/demo/corpus
+    tokenizer  byte-level BPE, 8192 tokens, ChatML specials and the Qwen3.5 tags; tokens, a mask of
+               what the model writes, evaluation prompts -> artifacts/demo/tokenizer, artifacts/demo/data
+    train      PyTorch trunk + MTP head, joint, whole conversations packed into 4,096-token windows,
+               the acceptance term reaching the trunk in the second part of training
+               (scripts/demo_model/train_torch.py), in two phases as shipped; on a GPU in minutes,
+               on a CPU in days (same code) -> artifacts/demo/runs/<name>-NN.safetensors
     export     -> models/demo in the Qwythos layout (8-bit trunk, 8-bit 29-tensor MTP sidecar)
     verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
 
     python scripts/build_demo_model.py                      # everything (train on whatever device torch finds)
     python scripts/build_demo_model.py --stages corpus tokenizer
-    python scripts/build_demo_model.py --stages selfdistill cotrain export verify --run artifacts/demo/carry/M1
+    python scripts/build_demo_model.py --stages export verify --run artifacts/demo/runs/F1
+    python scripts/build_demo_model.py --variant large --stages train export   # ~300M, for GPU measurements
+
+The larger variant (--variant large: hidden 1024, 20 layers, 15 Gated-DeltaNet + 5 attention as
+Qwythos' 3:1, 294M parameters with its MTP layer) trains on the same data at 4,096-token windows
+and is exported 4-bit (as Qwythos) to artifacts/demo/large, not to models/demo: it is for measuring
+MTP on trained weights on a GPU (scripts/demo_model/gpu_calls.sh large_eval), not shipped.
 
 Requirements: apt-get install wordnet-base python3.11-doc fortunes fortunes-min dict-devil
 dict-jargon r-cran-janeaustenr libopenblas0-pthread; pip install torch transformers tokenizers
-rdata mlx-lm.  On a CPU add `--device cpu --micro-batch 4` (the 64 x 512 batch does not fit in
-24 GB with the reference Gated-DeltaNet kernels otherwise).  The shipped checkpoint was trained on one H200 (see models/demo/README.md for
-the exact run); `--max-steps 1384` reproduces its step count on any device.
+rdata mlx-lm (and this project, for the app's own prompt rendering and the verify stage).
+Everything is seeded (corpus, tokenizer, data order, initialisation); the shipped run's schedule
+is reproduced by steps (see TRAIN_PHASES), on a GPU up to its nondeterministic kernels.
 """
 from __future__ import annotations
 
@@ -41,103 +42,82 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "scripts" / "demo_model"
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
 
-STAGES = ("corpus", "tokenizer", "train", "selfdistill", "cotrain", "export", "verify")
-# The shipped recipe (run "M1"): see models/demo/README.md.
+STAGES = ("corpus", "tokenizer", "train", "export", "verify")
 TEXT_CONFIG = HERE / "configs" / "h256_L12_i2.json"
-TRAIN_ARGS = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill", "0.5", "--lr", "2e-3",
-              "--batch", "64", "--seq", "512", "--variant", "post_norm"]
-# The shipped head (run "S5"): KL + total variation at the sampler's temperature, 360 steps.
-SELF_DISTILL_ARGS = ["--lr", "1.5e-3", "--max-steps", "360", "--seconds", "1e9"]
-# Co-training round 1 (run "U3", sweep 5): 643 steps of 256 replies, trunk lr 2e-4; round 2 (run "V2",
-# sweep 6, shipped): 409 steps on round 1's own replies (on one H200 the generation was cut at
-# 75 s / 25 s: 52k sampled and 43.5k greedy replies), anchored to the self-distilled trunk.
-COTRAIN_ARGS = ["--trunk-lr", "2e-4", "--p-grad", "--w-anchor", "1.0", "--max-steps", "643", "--seconds", "1e9"]
-COTRAIN2_ARGS = ["--trunk-lr", "1e-4", "--p-grad", "--w-anchor", "2.0", "--max-steps", "409", "--seconds", "1e9"]
-COTRAIN2_GEN_ARGS = ["--gen-batch", "8192", "--gen-seconds", "75", "25"]
-
-
-def self_distill(steps):
-    """Run scripts/demo_model/self_distill.py once per argument list, in order."""
-    for step in steps:
-        cmd = [sys.executable, str(HERE / "self_distill.py"), *step]
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+# The shipped run (models/demo/README.md, "How it was trained"), on one H200 with the reference
+# Gated-DeltaNet kernels. Phase 1 ("E1"): 392 steps of 8 x 4,096 tokens, the acceptance term from
+# half-way (ramped over 30 % to 0.4); its wall-clock schedule was 420 s long and the call stopped
+# it at 364 s, so the schedule here is 452 steps long and stops at 392. Phase 2 ("F1"): from E1,
+# 165 steps of 16 x 4,096 tokens, lr 1e-3, the acceptance term on throughout; its 200 s schedule
+# was stopped at 132 s (250 steps, stopped at 165).
+COMMON = ["--depth", "2", "--mtp-w", "1.0", "--depth-w", "0.5", "--distill", "0.5", "--seq", "4096",
+          "--variant", "post_norm", "--other-w", "0.3", "--accept-w", "0.4"]
+LARGE_CONFIG = HERE / "configs" / "h1024_L20_i4.json"
+# ~15 minutes of one H200 with flash-linear-attention's kernels; with transformers' reference
+# kernels (fla refuses Hopper with Triton < 3.7.1) it ran ~4k tokens/s next to two demo runs.
+LARGE_PHASES = [("L1", ["--batch", "8", "--micro-batch", "4", "--lr", "1e-3", "--warmup", "100", "--accept-start", "0.5",
+                        "--accept-ramp", "0.3", "--accept-w", "0.3", "--max-steps", "1500"])]
+TRAIN_PHASES = [
+    ("E1", ["--batch", "8", "--micro-batch", "8", "--lr", "2e-3", "--warmup", "100", "--accept-start", "0.5",
+            "--accept-ramp", "0.3", "--max-steps", "392", "--schedule-steps", "452"]),
+    ("F1", ["--batch", "16", "--micro-batch", "16", "--lr", "1e-3", "--warmup", "20", "--accept-start", "0",
+            "--accept-ramp", "0.01", "--max-steps", "165", "--schedule-steps", "250"]),
+]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    ap.add_argument("--variant", default="demo", choices=["demo", "large"])
     ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
     ap.add_argument("--out", default=str(REPO / "models" / "demo"))
-    ap.add_argument("--run", default=None, help="prefix of trained shards (default: <work>/runs/demo)")
-    ap.add_argument("--seconds", type=float, default=420, help="training wall-clock budget")
-    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (1384 = shipped)")
+    ap.add_argument("--run", default=None, help="prefix of the trained shards to export (default: the last phase)")
     ap.add_argument("--device", default=None, help="torch device (default: cuda if available)")
-    ap.add_argument("--eval-prompts", type=int, default=400, help="acceptance probe size after training")
     ap.add_argument("--micro-batch", type=int, default=0,
-                    help="gradient accumulation for small memories (e.g. 4 on a CPU; the update is the same)")
+                    help="gradient accumulation for small memories (e.g. 1 on a CPU; the update is the same)")
     ap.add_argument("--mtp-bits", type=int, default=8)
     ap.add_argument("--trunk-bits", type=int, default=8, help="0 = float (bf16) trunk")
     a = ap.parse_args(argv)
     work = Path(a.work)
-    run = a.run or str(work / "runs" / "demo")
+    runs = work / "runs"
+    large = a.variant == "large"
+    phases, text_config = (LARGE_PHASES, LARGE_CONFIG) if large else (TRAIN_PHASES, TEXT_CONFIG)
+    out = work / "large" if large and a.out == ap.get_default("out") else Path(a.out)
+    bits = 4 if large else None
+    run = a.run or str(runs / phases[-1][0])
 
     if "corpus" in a.stages:
-        import corpus
+        import conversations
 
-        corpus.build(work / "corpus")
+        conversations.build(work / "corpus")
     if "tokenizer" in a.stages:
         import tokenizer
 
         tokenizer.train_tokenizer(work / "corpus", work / "tokenizer")
         tokenizer.encode_corpus(work / "corpus", work / "tokenizer", work / "data")
     if "train" in a.stages:
-        cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"),
-               "--out", str(Path(run).parent), "--name", Path(run).name, "--text-config", str(TEXT_CONFIG),
-               "--seconds", str(a.seconds), "--eval-prompts", str(a.eval_prompts)] + TRAIN_ARGS
-        if a.max_steps:
-            cmd += ["--max-steps", str(a.max_steps), "--seconds", "1e9"]
-        if a.device:
-            cmd += ["--device", a.device]
-        if a.micro_batch:
-            cmd += ["--micro-batch", str(a.micro_batch)]
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-    if "selfdistill" in a.stages:
-        sd, name = work / "sd", Path(run).name + "_sd"
-        common = ["--run", run, "--text-config", str(TEXT_CONFIG), "--data", str(work / "data")]
-        common += ["--device", a.device] if a.device else []
-        steps = [
-            ["gen", *common, "--out", str(sd)],
-            ["train", *common, "--gen", str(sd), "--out", str(sd), "--name", name, *SELF_DISTILL_ARGS],
-            ["merge", "--run", run, "--text-config", str(TEXT_CONFIG), "--head", str(sd / f"{name}.head.safetensors"),
-             "--out", str(sd / name)],
-        ]
-        self_distill(steps)
-        run = str(sd / name)
-    if "cotrain" in a.stages:
-        sd, name = work / "sd", Path(run).name.removesuffix("_sd") + "_co"
-        cfg = ["--text-config", str(TEXT_CONFIG), "--data", str(work / "data")]
-        cfg += ["--device", a.device] if a.device else []
-        gen2 = sd / f"{name}_gen"  # round 1's own replies (and its probe-style evaluation replies)
-        steps = [
-            ["train", "--run", run, *cfg, "--gen", str(sd), "--out", str(sd), "--name", name, *COTRAIN_ARGS],
-            ["gen", "--run", str(sd / name), *cfg, "--out", str(gen2), *COTRAIN2_GEN_ARGS],
-            ["train", "--run", str(sd / name), *cfg, "--gen", str(gen2), "--out", str(sd), "--name", name + "2",
-             "--teacher", run, *COTRAIN2_ARGS],
-        ]
-        self_distill(steps)
-        run = str(sd / (name + "2"))
+        prev = None
+        for name, args in phases:
+            cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"), "--out", str(runs),
+                   "--name", name, "--text-config", str(text_config), "--seconds", "1e9", *COMMON, *args]
+            cmd += ["--resume", str(runs / prev)] if prev else []
+            cmd += ["--device", a.device] if a.device else []
+            if a.micro_batch:
+                cmd += ["--micro-batch", str(a.micro_batch)]
+            print(" ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            prev = name
     if "export" in a.stages:
         import export
 
-        export.export(run, TEXT_CONFIG, work / "tokenizer", a.out, mtp_bits=a.mtp_bits,
-                      trunk_bits=a.trunk_bits or None, hidden_variant="post_norm")
+        export.export(run, text_config, work / "tokenizer", out, mtp_bits=bits or a.mtp_bits,
+                      trunk_bits=bits or a.trunk_bits or None, hidden_variant="post_norm")
     if "verify" in a.stages:
         import verify
 
-        r = verify.main(a.out, run, TEXT_CONFIG)
+        r = verify.main(out, run, text_config)
         if r["problems"]:
             sys.exit(1)
 

@@ -223,17 +223,28 @@ def test_a_password_without_a_key_turns_the_api_off_and_is_not_bypassed(host):
 
 
 # --- concurrency, cancel, keep-alive --------------------------------------------------------
-LONG = [{"role": "user", "content": "Hello there"}]    # greedy on this checkpoint: > 2000 tokens, no EOS
+# A random tiny model's greedy reply may meet EOS on one machine and not on another (BLAS rounding
+# differs by CPU), so the long prompt is the first candidate that, here, runs to 400 tokens.
+LONG_CANDIDATES = ["Hello there", "Tell me a story", "Count to a thousand", "abc", "Why?", "Go on"]
 
 
-def long_stream(max_tokens):
-    return {"model": MODEL, "messages": LONG, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+@pytest.fixture(scope="module")
+def long_messages(client):
+    for text in LONG_CANDIDATES:
+        messages = [{"role": "user", "content": text}]
+        if greedy(client, max_tokens=400, messages=messages, extra_body={"mode": "ar"}).choices[0].finish_reason == "length":
+            return messages
+    pytest.fail(f"no candidate prompt ran to 400 tokens on this machine: {LONG_CANDIDATES}")
+
+
+def long_stream(messages, max_tokens):
+    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "mode": "ar", **PLAIN}
 
 
-def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, host):
+def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, host, long_messages):
     demo = server[1]
-    with httpx.stream("POST", url + "/v1/chat/completions", json=long_stream(3000), timeout=60) as r:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=long_stream(long_messages, 3000), timeout=60) as r:
         got = 0
         for line in r.iter_lines():
             got += line.startswith("data: ")
@@ -249,9 +260,9 @@ def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, h
     assert time.perf_counter() - t0 < 10, time.perf_counter() - t0
 
 
-def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server):
+def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server, long_messages):
     demo = server[1]
-    body = {**long_stream(3000), "stream": False}
+    body = {**long_stream(long_messages, 3000), "stream": False}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/chat/completions", json=body, timeout=1.0)   # closes the connection
     t0 = time.perf_counter()
@@ -260,15 +271,15 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_the_model_too(url, server
     assert demo.stops.active() == 0, "the decode did not stop (a hang guard: it had ~30 s of tokens left)"
 
 
-def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server):
+def test_a_waiting_stream_is_kept_alive_and_served_in_turn(url, server, long_messages):
     demo = server[1]
     first: list = []
-    t = threading.Thread(target=lambda: first.extend(sse_lines(url, long_stream(600))), daemon=True)
+    t = threading.Thread(target=lambda: first.extend(sse_lines(url, long_stream(long_messages, 600))), daemon=True)
     t.start()
     t0 = time.perf_counter()
     while not demo.stops.active() and time.perf_counter() - t0 < 10:
         time.sleep(0.01)
-    second = sse_lines(url, {**long_stream(5), "messages": HI})
+    second = sse_lines(url, {**long_stream(HI, 5)})
     t.join(60)
     assert first[-1] == "data: [DONE]" and second[-1] == "data: [DONE]"
     content_at = next(i for i, line in enumerate(second) if '"content"' in line)
@@ -283,7 +294,7 @@ def fuzz_cases():
         "top_p": [0, -0.5, 1.5, "1", [], True, 10**40],
         "top_k": [-1, 1.5, "5", [], True, -10**40],
         "min_p": [1, -0.1, 2, "0", {}],
-        "seed": [-1, 1.5, "7", 2**64, [], True],
+        "seed": [-2, 1.5, "7", 2**64, [], True],
         "max_tokens": [0, -5, 1.5, "10", 10**40, [], True, 32769],
         "max_completion_tokens": [0, -1, "x", 2.5],
         "n": [2, 0, 100, "1", -1],
@@ -301,8 +312,10 @@ def fuzz_cases():
         "tools": ["x", [{"type": "function"}], [{"type": "retrieval"}], [1], [{"type": "function", "function": {}}],
                   [{"type": "function", "function": {"name": "f", "parameters": "x"}}]],
         "tool_choice": ["required", {"type": "function", "function": {"name": "f"}}, 5],
-        "logprobs": [True], "top_logprobs": [5], "logit_bias": [{"1": 100}], "frequency_penalty": [1.0],
-        "presence_penalty": [-2], "response_format": [{"type": "json_object"}, "json"], "echo": [True],
+        "logprobs": ["yes", 3], "top_logprobs": [5, 21, -1], "logit_bias": [{"1": 100}], "frequency_penalty": [1.0],
+        "presence_penalty": [-2], "response_format": [{"type": "xml"}, "json", {"type": "json_schema"},
+                                                      {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}],
+        "echo": [True],
         "functions": [[{"name": "f"}]], "enable_thinking": ["yes", 1], "chat_template_kwargs": [{"x": 1}, "y"],
         "reasoning_effort": ["high"], "unknown_field": [1], "best_of": [3],
     }
@@ -318,12 +331,14 @@ def fuzz_cases():
     cases += [("raw", r) for r in raw]
     cases += [("path", p) for p in ("/v1/engines", "/v1/chat", "/v1/embeddings", "/v1/models/x/y", "/v1")]
     sampling = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "n", "stop", "stream", "mode",
-                "depth", "model", "logprobs", "echo", "unknown_field")
+                "depth", "model", "unknown_field")
     legacy = {"model": MODEL, "prompt": "Once", "max_tokens": 4}
     cases += [("legacy", {**legacy, k: v}) for k in sampling for v in bad_values[k]]
-    cases += [("legacy", {**base, "prompt": p}) for p in ("", [], ["a", "b"], 5, None, [1, 2, 3])]
+    cases += [("legacy", {**base, "prompt": p}) for p in ("", [], ["a", "b"], 5, None, [1, -2, 3], [10**9])]
+    cases += [("legacy", {**legacy, "logprobs": v}) for v in (True, 21, -1, "1", 1.5)]
+    cases += [("legacy", {**legacy, "echo": v}) for v in ("yes", 1)]
     cases += [("legacy", {"prompt": "x", "messages": HI}), ("legacy", {"prompt": "x", "suffix": "y"}),
-              ("legacy", {"prompt": "x", "echo": True}), ("legacy", {"prompt": "x", "max_tokens": 0})]
+              ("legacy", {"prompt": "x", "echo": True, "stream": True}), ("legacy", {"prompt": "x", "max_tokens": 0})]
     return cases
 
 

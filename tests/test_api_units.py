@@ -159,9 +159,12 @@ def test_extensions_are_read():
 @pytest.mark.parametrize("body, param", [
     ({"n": 2}, "n"), ({"temperature": "hot"}, "temperature"), ({"temperature": 9}, "temperature"),
     ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 1.5}, "max_tokens"),
-    ({"seed": -1}, "seed"), ({"depth": 99}, "depth"), ({"mode": "fast"}, "mode"), ({"frobnicate": 1}, "frobnicate"),
-    ({"logprobs": True}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"response_format": {"type": "json_object"}}, "response_format"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"seed": -2}, "seed"), ({"seed": 2**64}, "seed"), ({"depth": 99}, "depth"), ({"mode": "fast"}, "mode"), ({"frobnicate": 1}, "frobnicate"),
+    ({"top_logprobs": 5}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}, "response_format.json_schema.schema"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"stream_options": {"include_usage": True}}, "stream_options"), ({"stop": ["a"] * 20}, "stop"),
     ({"messages": []}, "messages"), ({"messages": [{"role": "banana", "content": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -195,9 +198,17 @@ def test_lone_surrogates_become_replacement_characters():
 
 def test_completion_prompts():
     assert parse_completion({"prompt": ["Once"]}, SETTINGS, 4, 16).prompt == "Once"
-    for bad in ("", ["a", "b"], [1, 2], None):
+    assert parse_completion({"prompt": [[1, 2]]}, SETTINGS, 4, 16).prompt_ids == [1, 2]     # token ids
+    for bad in ("", ["a", "b"], [1, "b"], [True], None):
         with pytest.raises(ApiError):
             parse_completion({"prompt": bad}, SETTINGS, 4, 16)
+
+
+def test_seeds_are_exact_to_2_64_and_minus_one_is_random():
+    assert chat(seed=2**64 - 1).params.seed == 2**64 - 1 and chat(seed=2**53 + 1).params.seed == 2**53 + 1
+    assert chat(seed=-1).params.seed != chat(seed=-1).params.seed
+    with pytest.raises(ApiError, match="18446744073709551616"):       # the value received, quoted
+        chat(seed=2**64)
 
 
 # --- the API's on/off rule and the sign-in throttle ----------------------------------------------

@@ -1,10 +1,11 @@
 """The shipped demo checkpoint (models/demo): its contract and greedy MTP == greedy AR.
 
 Layout as docs/checkpoint-layout.md says (config keys, 29-tensor sidecar with the Qwythos names
-and storage, mlx-lm trunk keys, no mtp.* in the trunk), the ChatML chat template, that it loads
-through adapters.load_adapter with the declared conventions, that its MTP head actually predicts
-(acceptance well above chance), and that greedy speculative output is token-identical to greedy
-autoregressive output at depths 1-3.
+and storage, mlx-lm trunk keys, no mtp.* in the trunk), the Qwen3.5 chat template (ChatML turns,
+tools in the system turn, a <think> block opened by the generation prompt unless thinking is
+off), that it loads through adapters.load_adapter with the declared conventions, that its MTP
+head actually predicts (acceptance well above chance), and that greedy speculative output is
+token-identical to greedy autoregressive output at depths 1-3.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_size_and_files():
               "optiq/mtp.safetensors", "README.md"):
         assert f in files, f
     size = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
-    assert size <= 30 * 2**20, size
+    assert size <= 32 * 2**20, size
 
 
 def test_config_contract(config):
@@ -108,10 +109,32 @@ def test_chat_template_and_eos(adapter, config):
 
     tok = adapter.tokenizer
     ids = chat_prompt_ids(adapter, [{"role": "user", "content": "Hello!"}])
-    text = tok.decode(ids)
-    assert text == "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+    # mlx-lm passes enable_thinking=true to a tokenizer with <think> tags: the demo thinks by
+    # default, as Qwythos does
+    assert tok.decode(ids) == "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n"
     assert tok.eos_token == "<|im_end|>"
     assert set(config["eos_token_id"]) == set(tok.eos_token_ids) == {2, 0}  # <|im_end|>, <|endoftext|>
+    for tag in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
+        assert len(tok.encode(tag, add_special_tokens=False)) == 1, tag   # one token each, kept in decoded text
+
+
+def test_template_advertises_tools_and_thinking(adapter):
+    from core.chat import render
+
+    tok = adapter.tokenizer
+    ask = [{"role": "user", "content": "What does lantern mean?"}]
+    off = tok.decode(render(adapter, ask, enable_thinking=False))
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    tool = {"type": "function", "function": {"name": "define_word", "description": "Define an English word.",
+                                             "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}
+    text = tok.decode(render(adapter, ask, tools=[tool]))
+    assert text.startswith("<|im_start|>system\n# Tools") and '"name": "define_word"' in text
+    assert "<tool_call>" in text and text.endswith("<|im_start|>assistant\n<think>\n")
+    call = {"type": "function", "function": {"name": "define_word", "arguments": '{"word": "lantern"}'}}
+    follow = tok.decode(render(adapter, ask + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                                               {"role": "tool", "content": "a light in a case"}], tools=[tool]))
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "define_word", "arguments": {"word": "lantern"}}\n'
+            '</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\na light in a case\n</tool_response>') in follow
 
 
 def test_adapter_contract(adapter):

@@ -129,6 +129,7 @@ def test_stop_mid_stream_then_history_survives_reload(page):
 def test_race_fills_both_lanes_with_stats_and_colours(page):
     page.click("#tab-race-button")
     set_number(page, "max-tokens", 300)
+    set_number(page, "race-repeats", 1)     # one race (the default is 3): later tests need the model free
     page.click("#race-start")
     both_running = False
     t0 = time.time()

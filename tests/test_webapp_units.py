@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from webapp.ar_reference import ArReferences, Reference
 from webapp.chat import assistant, block, clean_history, prompt_messages, text_of
 from webapp.netinfo import lan_addresses, lan_urls
 from webapp.params import AUTO, ParamError, depth_choices, parse_params
@@ -211,9 +212,10 @@ def test_stats_chart_and_reply_stats():
     assert svg.count("<path") == 2 and "own compute time" in svg
     assert chart_svg([]).count("<path") == 0
     assert median([3, 1, 2]) == 2 and median([1, 2, 3, 4]) == 2.5
-    title, details = reply_stats({"generated_tokens": 20, "tokens_per_second": 30.0, "time_to_first_token": 0.05,
+    title, details = reply_stats({"generated_tokens": 40, "tokens_per_second": 30.0, "time_to_first_token": 0.05,
                                   "proposed": 10, "accepted": 8, "acceptance_rate": 0.8, "tokens_per_cycle": 1.8,
-                                  "finish_reason": "eos", "mtp_active": False, "depth": 1}, "mtp", 20.0, depth=1)
+                                  "finish_reason": "eos", "mtp_active": False, "depth": 1}, "mtp",
+                                 Reference(20.0, 3, "up to ~128 tokens"), depth=1)
     assert "30.0 tok/s" in title and "TTFT 50 ms" in title and "80%" in title and "1.50×" in title
     assert "priced out" not in title      # mtp_active only matters for depth 'auto'
     title, _ = reply_stats({"generated_tokens": 5, "tokens_per_second": 9.0, "mtp_active": False,

@@ -1,39 +1,43 @@
-"""OpenAI-compatible routes on the app's own server, beside the web UI.
+"""The API routes on the app's own server, beside the web UI: OpenAI chat and completions,
+Anthropic Messages, OpenAI Responses.
 
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, and
-``GET /metrics`` (Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells
-what the server decoded, which is as private as the API itself.
-Decodes go through ``host.stream`` like the UI's replies: the same model thread, the same
-prefix cache. Every refusal is a 4xx in OpenAI's error shape (``api_errors``); a client
-that disconnects, a stop sequence or shutdown ends the decode within one cycle.
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
+``/v1/models/{id}``), ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``,
+``GET|HEAD /health``, and ``GET /metrics``
+(Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells what the
+server decoded, which is as private as the API itself. Decodes go through ``host.stream`` like the UI's replies: the same model
+thread, the same prefix cache, one at a time (api_run.Run). Every refusal is a 4xx in the
+route's own error shape (OpenAI's, or Anthropic's on /v1/messages); a client that
+disconnects, a stop sequence or shutdown ends the decode within one cycle.
 """
 from __future__ import annotations
 
-import contextlib
 import secrets
-import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-from typing import AsyncIterator, Callable, List, Optional
+from typing import AsyncIterator, Callable, Optional, Tuple
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .api_decode import DecodeJob, Piece, Turns
+from .api_anthropic import MessageWriter, anthropic_error, count_body, parse_messages_request
+from .api_decode import Turns
 from .api_errors import ApiError, error_body, error_response
-from .api_format import DONE, KEEPALIVE, Reply, figures, finish_reason, sse, usage
+from .api_format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
+from .api_responses import ResponseStore, ResponseWriter, parse_responses_request
+from .api_run import Ending, KeepAlive, Run, collect
 from .api_text import ReplyShaper
 from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .netinfo import is_loopback
+from .netinfo import hostname_of, is_loopback
 from .stops import StopRegistry
 
 MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)
 KEEPALIVE_SECONDS = 5.0
-TICK = 0.25                         # how often a waiting request looks at its client
-ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET",
+          "/v1/messages": "POST", "/v1/messages/count_tokens": "POST", "/v1/responses": "POST"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
@@ -44,6 +48,8 @@ class ApiConfig:
     off_reason: str = ""
     keepalive: float = KEEPALIVE_SECONDS
     max_body: int = MAX_BODY
+    cors_origins: Tuple[str, ...] = ()      # web origins whose pages may call the API (--cors-origins)
+    response_store: int = 256               # /v1/responses kept for previous_response_id (LRU)
     log: Callable[[str], None] = lambda line: None
 
 
@@ -57,28 +63,32 @@ class OpenAIApi:
         self.host, self.stops, self.config = host, stops, config
         self.settings = host.settings
         self.turns = Turns()
+        self.responses = ResponseStore(config.response_store)
 
     # --- gatekeeping -----------------------------------------------------------------------
     def authorize(self, request: Request) -> None:
+        """The key as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's header;
+        Claude Code sends either)."""
         cfg = self.config
         if not cfg.enabled:
             raise ApiError(403, f"The API is off: {cfg.off_reason}", code="api_disabled")
         if cfg.api_key is None:
             return self.local_only(request)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), cfg.api_key.encode()):
-            raise ApiError(401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY' with the "
-                                "key the server was started with (--api-key).", code="invalid_api_key",
-                           headers={"WWW-Authenticate": 'Bearer realm="mtp-chat"'})
+        token = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "").strip()
+        if not secrets.compare_digest(token.encode(), cfg.api_key.encode()):
+            raise ApiError(401, "Missing or wrong API key: send the header 'Authorization: Bearer KEY' (or "
+                                "'x-api-key: KEY') with the key the server was started with (--api-key).",
+                           code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="mtp-chat"'})
 
-    @staticmethod
-    def local_only(request: Request) -> None:
+    def local_only(self, request: Request) -> None:
         """Without a key the API is open only to programs on this machine: a web page cannot
         use the visitor's browser to reach it, neither by a cross-site request (its Origin is
-        another site) nor by DNS rebinding (its Host is another name)."""
-        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
-        origin = request.headers.get("origin")
-        if not is_loopback(host) or (origin is not None and not is_loopback(urlsplit(origin).hostname or "")):
+        another site, unless --cors-origins lets it) nor by DNS rebinding (its Host is another
+        name)."""
+        host, origin = hostname_of(request.headers.get("host", "")), request.headers.get("origin")
+        if not is_loopback(host) or (origin is not None and origin not in self.config.cors_origins
+                                     and not is_loopback(hostname_of(origin))):
             raise ApiError(403, "Without --api-key the API answers only programs on this machine (Host and Origin "
                                 "127.0.0.1 or localhost); start the server with --api-key KEY to use it otherwise.",
                            code="local_only")
@@ -102,10 +112,32 @@ class OpenAIApi:
             raise ApiError(404, f"The model '{model[:100]}' does not exist: this server serves "
                                 f"'{self.config.model_id}'.", param="model", code="model_not_found")
 
-    def refuse(self, request: Request, exc: ApiError) -> Response:
+    def refuse(self, request: Request, exc: ApiError, shape: Callable[[ApiError], dict] = None) -> Response:
         client = request.client.host if request.client else "?"
         self.config.log(f"API {exc.status} {request.method} {request.url.path} from {client}: {exc.message[:200]}")
-        return error_response(exc)
+        if shape is None:
+            return error_response(exc)
+        return JSONResponse(shape(exc), status_code=exc.status, headers=exc.headers)
+
+    async def read_request(self, request: Request, parse, **kw) -> ApiRequest:
+        """Key, size, JSON, fields, model: the checks every decoding request passes."""
+        self.authorize(request)
+        req = parse(loads(await self.read_body(request)), self.settings, self.host.max_depth, self.settings.max_tokens,
+                    **kw)
+        self.check_model(req.model)
+        return req
+
+    async def constraint(self, req: ApiRequest):
+        """The request's grammar compiled for this tokenizer (None without one); 400 if it cannot be."""
+        if not req.grammar:
+            return None
+        from core import GrammarError
+
+        try:
+            return await run_in_threadpool(self.host.constraint, req.grammar)
+        except GrammarError as exc:
+            raise ApiError(400, f"The requested structure cannot be enforced: {exc}.",
+                           param="response_format", code="invalid_schema") from None
 
     # --- routes ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -116,9 +148,19 @@ class OpenAIApi:
             self.authorize(request)
         except ApiError as exc:
             return self.refuse(request, exc)
+        return JSONResponse({"object": "list", "data": [self.model_object()]})
+
+    def model_object(self) -> dict:
         created = int(self.host.path.stat().st_mtime) if getattr(self.host, "path", None) else 0
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}]})
+        return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}
+
+    async def model(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+            self.check_model(request.path_params["model_id"])
+        except ApiError as exc:
+            return self.refuse(request, exc)
+        return JSONResponse(self.model_object())
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -127,29 +169,71 @@ class OpenAIApi:
             return self.refuse(request, exc)
         return Response(self.host.metrics.render(), media_type=METRICS_TYPE)
 
-    async def read_request(self, request: Request, parse) -> ApiRequest:
-        """Key, size, JSON, fields, model: the checks every completion request passes."""
-        self.authorize(request)
-        req = parse(loads(await self.read_body(request)), self.settings, self.host.max_depth, self.settings.max_tokens)
-        self.check_model(req.model)
-        return req
-
     async def chat_completions(self, request: Request) -> Response:
         try:
             req = await self.read_request(request, parse_chat)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
+            constraint = await self.constraint(req)
         except ApiError as exc:
             return self.refuse(request, exc)
         shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
-        return await self.respond(request, Reply("chat", self.config.model_id), req, prompt, shaper, in_reasoning)
+        reply = Reply("chat", self.config.model_id)
+        run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, id=reply.id)
+        return await self.respond(request, run, reply)
 
     async def completions(self, request: Request) -> Response:
         try:
             req = await self.read_request(request, parse_completion)
             ids = await run_in_threadpool(completion_prompt, self.host, req)
+            echoed = await run_in_threadpool(self.host.prompt_logprobs, ids, req.logprobs or 0) if req.echo else None
         except ApiError as exc:
             return self.refuse(request, exc)
-        return await self.respond(request, Reply("text", self.config.model_id), req, ids, ReplyShaper(req.stops))
+        reply = Reply("text", self.config.model_id)
+        if req.params.max_tokens == 0:               # echo alone: lm-eval's log-likelihood requests
+            return JSONResponse(reply.whole([], [], "length", {"prompt_tokens": len(ids), "completion_tokens": 0,
+                                                                "total_tokens": len(ids)}, {},
+                                            self.echo_logprobs(req, ids, echoed, []), self.text_of(ids)))
+        run = Run(self, req, ids, ReplyShaper(req.stops), kind="text", id=reply.id)
+        return await self.respond(request, run, reply, echoed=(ids, echoed) if req.echo else None)
+
+    async def messages(self, request: Request) -> Response:
+        try:
+            req = await self.read_request(request, parse_messages_request)
+            prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
+            constraint = await self.constraint(req)
+        except ApiError as exc:
+            return self.refuse(request, exc, anthropic_error)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        writer = MessageWriter(self.config.model_id, len(prompt))
+        run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
+        if req.stream:
+            return StreamingResponse(writer.stream(run, self.config.keepalive), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        return await self.whole(request, run, writer.whole, anthropic_error)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            req = await self.read_request(request, parse_messages_request, count_only=True)
+            prompt, _ = await run_in_threadpool(chat_prompt, self.host, req)
+            await self.constraint(req)              # a schema that would be refused is refused here too
+        except ApiError as exc:
+            return self.refuse(request, exc, anthropic_error)
+        return JSONResponse(count_body(len(prompt)))
+
+    async def responses_create(self, request: Request) -> Response:
+        try:
+            req = await self.read_request(request, parse_responses_request, store=self.responses)
+            prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
+            constraint = await self.constraint(req)
+        except ApiError as exc:
+            return self.refuse(request, exc)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        writer = ResponseWriter(self.config.model_id, req, self.responses)
+        run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
+        if req.stream:
+            return StreamingResponse(writer.stream(run, self.config.keepalive), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        return await self.whole(request, run, lambda w: writer.whole(run, w))
 
     async def unknown(self, request: Request) -> Response:
         path = request.url.path.rstrip("/")
@@ -159,131 +243,70 @@ class OpenAIApi:
         else:
             exc = ApiError(404, f"Unknown route {request.method} {path[:100]}: this server has "
                                 f"{', '.join(ROUTES)} and /health.", code="unknown_url")
-        return self.refuse(request, exc)
+        return self.refuse(request, exc, anthropic_error if path.startswith("/v1/messages") else None)
 
-    # --- decoding ------------------------------------------------------------------------------
-    async def respond(self, request: Request, reply: Reply, req: ApiRequest, prompt, shaper: ReplyShaper,
-                      thinking: bool = False) -> Response:
-        run = _Run(self, reply, req, prompt, shaper, thinking)
-        if req.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    # --- OpenAI chat and completions replies ----------------------------------------------------
+    def text_of(self, ids) -> str:
+        return self.host.tokenizer.decode(list(ids))
+
+    def token_text(self, token: int) -> str:
+        return self.host.tokenizer.decode([token])
+
+    def echo_logprobs(self, req: ApiRequest, ids, echoed, generated) -> Optional[dict]:
+        if req.logprobs is None:
+            return None
+        pairs = (list(zip(echoed, ids)) if echoed is not None else []) + [(lp, lp.token) for lp in generated]
+        return completion_logprobs(pairs, self.token_text)
+
+    def logprobs_body(self, req: ApiRequest, reply: Reply, lps: list) -> Optional[dict]:
+        if req.logprobs is None or not lps:
+            return None
+        if reply.kind == "chat":
+            return chat_logprobs(lps, self.token_text)
+        return completion_logprobs([(lp, lp.token) for lp in lps], self.token_text)
+
+    def logprobs_of(self, run: Run, reply: Reply) -> Optional[dict]:
+        """The logprobs of the tokens decoded since the last chunk, for the next chunk."""
+        return self.logprobs_body(run.req, reply, run.take_logprobs())
+
+    async def respond(self, request: Request, run: Run, reply: Reply, echoed=None) -> Response:
+        if run.req.stream:
+            return StreamingResponse(self.stream(run, reply), media_type="text/event-stream", headers=SSE_HEADERS)
+
+        def write(w) -> dict:
+            e = w.ending
+            if echoed is not None:
+                ids, lps = echoed
+                return reply.whole(w.deltas, e.calls, e.finish, e.usage, e.mtp,
+                                   self.echo_logprobs(run.req, ids, lps, w.logprobs), self.text_of(ids))
+            return reply.whole(w.deltas, e.calls, e.finish, e.usage, e.mtp, self.logprobs_body(run.req, reply, w.logprobs))
+
+        return await self.whole(request, run, write)
+
+    async def whole(self, request: Request, run: Run, write, shape=None) -> Response:
+        """A whole reply written by `write(Whole) -> dict`; refusals and failures in `shape`."""
         try:
-            return JSONResponse(await run.whole(request))
+            return JSONResponse(write(await collect(run, request)))
         except ApiError as exc:
-            return self.refuse(request, exc)
+            return self.refuse(request, exc, shape)
         except Exception as exc:   # noqa: BLE001 - the engine failed; the server goes on
             return self.refuse(request, ApiError(500, f"The decode failed: {type(exc).__name__}: {exc}",
-                                                 code="decode_failed"))
+                                                 code="decode_failed"), shape)
 
-    def router(self) -> APIRouter:
-        r = APIRouter()
-        r.add_api_route("/health", self.health, methods=["GET"], include_in_schema=False)
-        r.add_api_route("/v1/models", self.models, methods=["GET"], include_in_schema=False)
-        r.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
-        r.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], include_in_schema=False)
-        r.add_api_route("/v1/completions", self.completions, methods=["POST"], include_in_schema=False)
-        r.add_api_route("/v1/{rest:path}", self.unknown, include_in_schema=False,
-                        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
-        r.add_api_route("/v1", self.unknown, include_in_schema=False,
-                        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
-        return r
-
-
-SHUTDOWN = "The server is shutting down: the reply was cut short."
-
-
-class _Run:
-    """One request's decode: waits for its turn, decodes, shapes the text into a reply."""
-
-    def __init__(self, api: OpenAIApi, reply: Reply, req: ApiRequest, prompt, shaper: ReplyShaper,
-                 thinking: bool):
-        self.api, self.reply, self.req, self.prompt, self.shaper = api, reply, req, prompt, shaper
-        self.thinking = thinking
-        self.engine_reason: Optional[str] = None
-        self.stats: Optional[dict] = None
-        self.content: List[str] = []   # the answer as the client will send it back next turn
-
-    def shape(self, text: str):
-        deltas = self.shaper.feed(text)
-        self.content += [t for kind, t in deltas if kind == "content"]
-        return deltas
-
-    async def pieces(self) -> AsyncIterator[Optional[Piece]]:
-        """The decode's pieces; ``None`` every TICK while waiting (for the turn or a piece)."""
-        api, key = self.api, f"api:{self.reply.id}"
-        async with contextlib.aclosing(api.turns.take(TICK)) as waiting:
-            async for _ in waiting:
-                yield None
-        stop = api.stops.claim(key)
-        job = None
-        try:
-            if api.stops.closing:
-                raise ApiError(503, SHUTDOWN, code="server_shutdown")
-            job = DecodeJob(api.host, self.req.mode, self.req.params, self.prompt, stop, thinking=self.thinking,
-                            on_done=api.turns.give_back)
-            async for piece in job.events(TICK):
-                if piece is not None and piece.finished:
-                    self.engine_reason, self.stats = piece.finish_reason, piece.stats
-                yield piece
-                if self.shaper.stopped:
-                    stop.set()              # a stop sequence: end the decode, show nothing more
-        finally:
-            stop.set()                      # no-op if it ended; else (client gone) end it within a cycle
-            api.stops.release(key, stop)
-            if job is None:
-                api.turns.give_back()
-
-    def cut_by_shutdown(self) -> bool:
-        return self.engine_reason == "stopped" and not self.shaper.stopped and bool(self.api.stops.closing)
-
-    def ending(self):
-        deltas, calls = self.shaper.finish()
-        self.content += [t for kind, t in deltas if kind == "content"]
-        if self.reply.kind == "chat" and self.engine_reason in ("eos", "max_tokens", "stop_string", "stopped") \
-                and not self.cut_by_shutdown():
-            # The next turn's prompt will hold this reply: snapshot the conversation with it now
-            # (idle time), so that turn prefills only its new messages.
-            said = {"role": "assistant", "content": "".join(self.content)}
-            if calls:
-                said["tool_calls"] = [c.as_openai() for c in calls]
-            self.api.host.remember(list(self.req.messages) + [said], tools=self.req.tools,
-                                   enable_thinking=self.req.enable_thinking)
-        finish = finish_reason(self.engine_reason, self.shaper.stopped, calls)
-        mtp = figures(self.req.mode, self.req.params.depth, self.stats)
-        return deltas, calls, finish, usage(len(self.prompt), self.stats), mtp
-
-    async def whole(self, request: Request) -> dict:
-        deltas, looked = [], time.monotonic()
-        async with contextlib.aclosing(self.pieces()) as pieces:
-            async for piece in pieces:
-                if time.monotonic() - looked >= TICK:
-                    looked = time.monotonic()
-                    if await request.is_disconnected():   # closing pieces() stops the decode
-                        raise ApiError(499, "The client went away.", code="client_closed")
-                if piece is not None:
-                    deltas += self.shape(piece.text)
-        if self.cut_by_shutdown():
-            raise ApiError(503, SHUTDOWN, code="server_shutdown")
-        more, calls, finish, use, mtp = self.ending()
-        return self.reply.whole(deltas + more, calls, finish, use, mtp)
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        reply = self.reply
+    async def stream(self, run: Run, reply: Reply) -> AsyncIterator[bytes]:
         if reply.kind == "chat":
             yield sse(reply.role_chunk())
-        quiet_since = time.monotonic()
+        keep, ending = KeepAlive(self.config.keepalive), None
         try:
-            async with contextlib.aclosing(self.pieces()) as pieces:
-                async for piece in pieces:
-                    if piece is None:
-                        if time.monotonic() - quiet_since >= self.api.config.keepalive:
-                            quiet_since = time.monotonic()
-                            yield KEEPALIVE
-                        continue
-                    for delta in self.shape(piece.text):
-                        quiet_since = time.monotonic()
-                        yield sse(reply.delta_chunk(delta))
+            async for ev in run.events():
+                if ev is None:
+                    if keep.due():
+                        yield KEEPALIVE
+                elif isinstance(ev, Ending):
+                    ending = ev
+                else:
+                    keep.sent()
+                    yield sse(reply.delta_chunk(ev, self.logprobs_of(run, reply)))
         except ApiError as exc:
             yield sse(error_body(exc.status, exc.message, code=exc.code))
             yield DONE
@@ -292,16 +315,28 @@ class _Run:
             yield sse(error_body(500, f"The decode failed: {type(exc).__name__}: {exc}", code="decode_failed"))
             yield DONE
             return
-        deltas, calls, finish, use, mtp = self.ending()
-        for delta in deltas:
-            yield sse(reply.delta_chunk(delta))
-        if self.cut_by_shutdown():
-            yield sse(error_body(503, SHUTDOWN, code="server_shutdown"))
-            yield DONE
-            return
-        if calls:
-            yield sse(reply.calls_chunk(calls))
-        yield sse(reply.finish_chunk(finish, mtp))
-        if self.req.include_usage:
-            yield sse(reply.usage_chunk(use, mtp))
+        for delta in ending.deltas:
+            yield sse(reply.delta_chunk(delta, self.logprobs_of(run, reply)))
+        if ending.calls:
+            yield sse(reply.calls_chunk(ending.calls))
+        yield sse(reply.finish_chunk(ending.finish, ending.mtp, self.logprobs_of(run, reply)))
+        if run.req.include_usage:
+            yield sse(reply.usage_chunk(ending.usage, ending.mtp))
         yield DONE
+
+    def router(self) -> APIRouter:
+        r = APIRouter()
+        r.add_api_route("/health", self.health, methods=["GET", "HEAD"], include_in_schema=False)
+        r.add_api_route("/v1/models", self.models, methods=["GET"], include_in_schema=False)
+        r.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"], include_in_schema=False)
+        r.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
+        r.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], include_in_schema=False)
+        r.add_api_route("/v1/completions", self.completions, methods=["POST"], include_in_schema=False)
+        r.add_api_route("/v1/messages", self.messages, methods=["POST"], include_in_schema=False)
+        r.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"], include_in_schema=False)
+        r.add_api_route("/v1/responses", self.responses_create, methods=["POST"], include_in_schema=False)
+        r.add_api_route("/v1/{rest:path}", self.unknown, include_in_schema=False,
+                        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+        r.add_api_route("/v1", self.unknown, include_in_schema=False,
+                        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+        return r

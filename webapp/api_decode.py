@@ -20,13 +20,14 @@ class Piece:
     finished: bool = False
     finish_reason: Optional[str] = None      # the engine's: eos | max_tokens | stop_string | stopped
     stats: Optional[dict] = None             # on the finished piece
+    logprobs: Optional[list] = None          # core.TokenLogprob per token, when asked
 
 
 class DecodeJob:
     def __init__(self, host, mode: str, params, prompt, stop: threading.Event, *, thinking: bool = False,
-                 on_done: Callable[[], None] = lambda: None):
+                 on_done: Callable[[], None] = lambda: None, constraint=None, logprobs: Optional[int] = None):
         self.host, self.mode, self.params, self.prompt, self.stop = host, mode, params, prompt, stop
-        self.thinking = thinking
+        self.thinking, self.constraint, self.logprobs = thinking, constraint, logprobs
         self._on_done = on_done
         self.done = threading.Event()
         self._queue: "asyncio.Queue" = asyncio.Queue()
@@ -43,10 +44,11 @@ class DecodeJob:
         stream = None
         try:
             stream = self.host.stream(self.mode, self.params, self.prompt, stop=self.stop, thinking=self.thinking,
+                                      constraint=self.constraint, logprobs=self.logprobs,
                                       source="api")
             for ev in stream:
                 stats = ev.stats.as_dict() if ev.finished and ev.stats is not None else None
-                self._put(Piece(ev.text, ev.finished, ev.finish_reason, stats))
+                self._put(Piece(ev.text, ev.finished, ev.finish_reason, stats, ev.logprobs))
                 if ev.finished:
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the request, the server goes on

@@ -82,40 +82,73 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     # --- streamed ---------------------------------------------------------------------
-    def chunk(self, choice_part: dict, finish: Optional[str] = None, **extra) -> dict:
+    def chunk(self, choice_part: dict, finish: Optional[str] = None, logprobs: Optional[dict] = None,
+              **extra) -> dict:
         head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        choice = {"index": 0, **choice_part, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, **choice_part, "logprobs": logprobs, "finish_reason": finish}
         return {**head, "choices": [choice], **extra}
 
     def role_chunk(self) -> dict:
         return self.chunk({"delta": {"role": "assistant"}})
 
-    def delta_chunk(self, delta: Delta) -> dict:
+    def delta_chunk(self, delta: Delta, logprobs: Optional[dict] = None) -> dict:
         kind, text = delta
         if self.kind == "text":
-            return self.chunk({"text": text})
-        return self.chunk({"delta": {"reasoning_content" if kind == "reasoning" else "content": text}})
+            return self.chunk({"text": text}, logprobs=logprobs)
+        return self.chunk({"delta": {"reasoning_content" if kind == "reasoning" else "content": text}},
+                          logprobs=logprobs)
 
     def calls_chunk(self, calls: Sequence[ToolCall]) -> dict:
         return self.chunk({"delta": {"tool_calls": [c.as_openai(i) for i, c in enumerate(calls)]}})
 
-    def finish_chunk(self, finish: str, mtp: dict) -> dict:
-        return self.chunk({"delta": {}} if self.kind == "chat" else {"text": ""}, finish, mtp=mtp)
+    def finish_chunk(self, finish: str, mtp: dict, logprobs: Optional[dict] = None) -> dict:
+        return self.chunk({"delta": {}} if self.kind == "chat" else {"text": ""}, finish, logprobs, mtp=mtp)
 
     def usage_chunk(self, use: dict, mtp: dict) -> dict:
         head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         return {**head, "choices": [], "usage": use, "mtp": mtp}
 
     # --- whole --------------------------------------------------------------------------
-    def whole(self, deltas: List[Delta], calls: Sequence[ToolCall], finish: str, use: dict, mtp: dict) -> dict:
+    def whole(self, deltas: List[Delta], calls: Sequence[ToolCall], finish: str, use: dict, mtp: dict,
+              logprobs: Optional[dict] = None, echo: str = "") -> dict:
         content, reasoning = join(deltas)
         if self.kind == "text":
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": echo + content, "logprobs": logprobs, "finish_reason": finish}
         else:
             message = {"role": "assistant", "content": content if (content or not calls) else None}
             if reasoning:
                 message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [c.as_openai() for c in calls]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head(self.object), "choices": [choice], "usage": use, "mtp": mtp}
+
+
+# --- logprobs (core.TokenLogprob lists -> OpenAI's two shapes) -----------------------------
+def _entry(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(lps: Sequence, token_text) -> Optional[dict]:
+    """Chat's ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}``."""
+    if not lps:
+        return None
+    return {"content": [{**_entry(token_text(lp.token), lp.logprob),
+                         "top_logprobs": [_entry(token_text(t), v) for t, v in lp.top]} for lp in lps],
+            "refusal": None}
+
+
+def completion_logprobs(lps: Sequence, token_text, offset: int = 0) -> Optional[dict]:
+    """Legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``; an entry
+    may be None (the first prompt token of an echo has no logprob)."""
+    if not lps:
+        return None
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for lp, tok in lps:
+        text = token_text(tok)
+        out["tokens"].append(text)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        out["token_logprobs"].append(None if lp is None else lp.logprob)
+        out["top_logprobs"].append(None if lp is None else {token_text(t): v for t, v in lp.top})
+    return out

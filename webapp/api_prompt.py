@@ -24,7 +24,10 @@ def _refusal(exc: Exception, param: str) -> ApiError:
 
 def chat_prompt(host, req: ApiRequest) -> Tuple[object, bool]:
     """(the prompt: a ``core.Prompt`` whose marks feed the prefix cache, whether the reply
-    starts inside a ``<think>`` block the template opened)."""
+    starts inside a ``<think>`` block the template opened). A structured reply (a grammar)
+    is the answer itself: thinking is switched off for it."""
+    if req.grammar and host.has_thinking:
+        req.enable_thinking = False
     try:
         prompt = host.prompt_ids(req.messages, max_tokens=req.params.max_tokens, tools=req.tools,
                                  enable_thinking=req.enable_thinking)
@@ -38,10 +41,17 @@ def completion_prompt(host, req: ApiRequest) -> List[int]:
     from core import ContextError, InputTooLarge
 
     try:
-        too_long = host.too_long(req.prompt)          # before tokenising: cheap
-        if too_long:
-            raise InputTooLarge(too_long)
-        ids = list(host.tokenizer.encode(req.prompt))
+        if req.prompt_ids is not None:
+            vocab = host.adapter.vocab_size
+            bad = next((t for t in req.prompt_ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise bad_request(f"The prompt's token id {bad} is outside the vocabulary (0..{vocab - 1}).", "prompt")
+            ids = list(req.prompt_ids)
+        else:
+            too_long = host.too_long(req.prompt)          # before tokenising: cheap
+            if too_long:
+                raise InputTooLarge(too_long)
+            ids = list(host.tokenizer.encode(req.prompt))
         context, n = host.context_length, req.params.max_tokens
         if len(ids) + n > context:
             raise ContextError(f"The prompt is {len(ids):,} tokens; with max_tokens {n:,} that is more than the "

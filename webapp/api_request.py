@@ -4,14 +4,14 @@ JSON types are checked here; the sampler's ranges are checked in one place for t
 the API (``webapp.params.parse_params``). A field this server does not know is refused
 rather than silently ignored (it could change what the client expects), except a few that
 only label a request (``user``, ``metadata``, ...). Fields that exist in the protocol but
-that the engine cannot honour (``n > 1``, penalties, logprobs, JSON mode) are accepted only
-at their neutral value.
+that the engine cannot honour (``n > 1``, penalties, ``logit_bias``) are accepted only at
+their neutral value.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Tuple
 
 from .api_errors import ApiError, bad_request
@@ -29,25 +29,22 @@ IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "saf
            "parallel_tool_calls"}
 # Protocol fields accepted only at the value that leaves the reply unchanged.
 NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-           "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-           "echo": (None, False), "suffix": (None, ""), "reasoning_effort": (None,)}
+           "logit_bias": (None, {}), "suffix": (None, ""), "reasoning_effort": (None,)}
 WHY_NOT = {
     "n": "this server returns one choice per request: send n=1 (or leave it out) and repeat the request",
     "best_of": "best_of is not supported: send best_of=1 (or leave it out)",
     "frequency_penalty": "penalties are not supported (they would change the sampled distribution)",
     "presence_penalty": "penalties are not supported (they would change the sampled distribution)",
-    "logprobs": "logprobs are not returned by this server",
-    "top_logprobs": "logprobs are not returned by this server",
     "logit_bias": "logit_bias is not supported",
-    "echo": "echo is not supported",
     "suffix": "suffix (fill-in-the-middle) is not supported",
     "reasoning_effort": "reasoning_effort is not supported; use enable_thinking (true/false)",
 }
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens",
             "mode", "depth", "stop", "stream", "stream_options", "model"}
 CHAT_FIELDS = SAMPLING | {"messages", "tools", "tool_choice", "response_format", "enable_thinking",
-                          "chat_template_kwargs"}
-COMPLETION_FIELDS = SAMPLING | {"prompt"}
+                          "chat_template_kwargs", "logprobs", "top_logprobs"}
+COMPLETION_FIELDS = SAMPLING | {"prompt", "logprobs", "echo"}
+MAX_LOGPROBS = 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
@@ -63,6 +60,11 @@ class ApiRequest:
     tools: Optional[List[dict]] = None
     enable_thinking: Optional[bool] = None
     prompt: Optional[str] = None                 # completions: the text to continue
+    prompt_ids: Optional[List[int]] = None       # completions: or its token ids
+    grammar: object = None                       # structured output: a grammar, or a function of the tokenizer (api_structured)
+    logprobs: Optional[int] = None               # log-probabilities with this many alternatives
+    echo: bool = False                           # completions: the prompt's own logprobs too
+    conversation: Optional[dict] = None          # Responses: store, previous_response_id, instructions
 
 
 def loads(raw: bytes) -> dict:
@@ -147,9 +149,9 @@ def parse_sampling(body: dict, settings, max_depth: int, max_tokens_default: int
     mode = body.get("mode", "mtp")
     if mode not in MODES:
         raise bad_request("'mode' must be \"mtp\" (speculative) or \"ar\" (plain decoding).", "mode")
-    if seed is None:
+    if seed is None or seed == -1:      # -1: "random", as several front-ends send it
         import secrets
-        seed = secrets.randbits(62)     # as OpenAI: no seed, no promise of the same reply
+        seed = secrets.randbits(64)     # as OpenAI: no seed, no promise of the same reply
     try:
         params = parse_params(settings.temperature if temperature is None else temperature,
                               settings.top_p if top_p is None else top_p,
@@ -268,6 +270,9 @@ def parse_messages(v: Any) -> List[dict]:
         if role is None:
             raise bad_request(f"messages[{i}].role must be one of system, developer, user, assistant, tool; "
                               f"got {json.dumps(m.get('role'))[:30]}.", "messages")
+        if m.get("content") is None and role != "assistant":   # only an assistant's tool calls stand alone
+            raise bad_request(f"messages[{i}].content is missing: a {m['role']} message needs its text in "
+                              f"\"content\".", f"messages[{i}].content")
         msg = {"role": role, "content": _content(m.get("content"), i, role)}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
@@ -279,32 +284,62 @@ def parse_messages(v: Any) -> List[dict]:
     return out
 
 
-def parse_tools(body: dict) -> Optional[List[dict]]:
+def parse_tools(body: dict) -> Tuple[Optional[List[dict]], Optional[str]]:
+    """(the tools for the template, the grammar of a forced call: tool_choice "required" or a
+    named function)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise bad_request("'tool_choice' must be \"auto\" or \"none\": this server cannot force a tool call.",
-                          "tool_choice", code="unsupported_parameter")
-    if tools is None or tools == [] or choice == "none":
-        return None
+    if choice == "none" or tools is None or tools == []:
+        if choice not in (None, "auto", "none"):
+            raise bad_request("'tool_choice' asks for a tool call but no tools were given.", "tool_choice")
+        return None, None
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} function tools.", "tools")
     out = []
     for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        flat = isinstance(t, dict) and t.get("type") == "function" and "function" not in t   # Responses' shape
+        fn = t if flat else (t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None)
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
             raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
                               f"\"parameters\": {{...}}}}}}.", "tools")
-        params = fn.get("parameters", {})
-        if not isinstance(params, dict):
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object.", "tools")
-        desc = fn.get("description")
-        if desc is not None and not isinstance(desc, str):
-            raise bad_request(f"tools[{i}].function.description must be a string.", "tools")
-        clean = {"name": clean_text(fn["name"]), "parameters": params}
-        if desc:
-            clean["description"] = clean_text(desc)
-        out.append({"type": "function", "function": clean})
-    return out
+        out.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters", {}), i))
+    return out, forced_tool(choice, out)
+
+
+def function_tool(name: Any, description: Any, params: Any, i: int) -> dict:
+    """One tool as the chat template takes it (OpenAI's chat shape)."""
+    if not isinstance(name, str) or not name.strip():
+        raise bad_request(f"tools[{i}] needs a non-empty \"name\".", "tools")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise bad_request(f"tools[{i}]: the parameters must be a JSON schema object.", "tools")
+    if description is not None and not isinstance(description, str):
+        raise bad_request(f"tools[{i}]: the description must be a string.", "tools")
+    clean = {"name": clean_text(name), "parameters": params}
+    if description:
+        clean["description"] = clean_text(description)
+    return {"type": "function", "function": clean}
+
+
+def forced_tool(choice: Any, tools: List[dict], required: str = "required") -> Optional[str]:
+    """The grammar for tool_choice (None when the model may answer in text)."""
+    from .api_structured import tool_call_grammar
+
+    if choice in (None, "auto"):
+        return None
+    if choice == required:
+        return tool_call_grammar(tools)
+    name = None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function") if isinstance(choice.get("function"), dict) else choice   # chat or Responses
+        name = fn.get("name")
+    if not isinstance(name, str):
+        raise bad_request(f"'tool_choice' must be \"auto\", \"none\", \"{required}\" or "
+                          f"{{\"type\": \"function\", \"name\": ...}}; got {json.dumps(choice)[:60]}.", "tool_choice")
+    if name not in [t["function"]["name"] for t in tools]:
+        raise bad_request(f"'tool_choice' names the function '{name[:60]}', which is not among the tools.",
+                          "tool_choice")
+    return tool_call_grammar(tools, name)
 
 
 def parse_thinking(body: dict) -> Optional[bool]:
@@ -319,29 +354,59 @@ def parse_thinking(body: dict) -> Optional[bool]:
     return thinking
 
 
-def parse_response_format(body: dict) -> None:
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported (no JSON mode).",
-                          "response_format", code="unsupported_parameter")
+def parse_logprobs(body: dict) -> Optional[int]:
+    """Chat: ``logprobs`` true/false and ``top_logprobs`` 0..20 -> alternatives, or None (off)."""
+    on, top = _bool(body, "logprobs"), _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"'top_logprobs' must be 0..{MAX_LOGPROBS}, got {top}.", "top_logprobs")
+    if top is not None and not on:
+        raise bad_request("'top_logprobs' needs \"logprobs\": true.", "top_logprobs")
+    return (top or 0) if on else None
 
 
 def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+    from .api_structured import response_format
+
     req = parse_common(body, CHAT_FIELDS, settings, max_depth, max_tokens_default)
-    parse_response_format(body)
     req.messages = parse_messages(body.get("messages"))
-    req.tools = parse_tools(body)
+    req.tools, forced = parse_tools(body)
+    req.grammar = one_grammar(response_format(body.get("response_format")), forced)
     req.enable_thinking = parse_thinking(body)
+    req.logprobs = parse_logprobs(body)
     return req
+
+
+def one_grammar(fmt, forced):
+    """A forced tool call wins over a reply format: the reply is then the call (as OpenAI's)."""
+    return forced or fmt
 
 
 # --- legacy completions ---------------------------------------------------------------------
 def parse_completion(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+    echo = bool(_bool(body, "echo"))
+    if echo and body.get("max_tokens") == 0 and body.get("max_completion_tokens") is None:
+        body = {**body, "max_tokens": 1}    # echo alone: the prompt's logprobs, nothing generated
+        only_prompt = True
+    else:
+        only_prompt = False
     req = parse_common(body, COMPLETION_FIELDS, settings, max_depth, max_tokens_default)
+    req.echo, req.stops = echo, () if only_prompt else req.stops
+    req.params = req.params if not only_prompt else replace(req.params, max_tokens=0)
+    top = _integer(body, "logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"'logprobs' must be 0..{MAX_LOGPROBS} (how many alternatives per token), got {top}.",
+                          "logprobs")
+    req.logprobs = top
+    if echo and req.stream:
+        raise bad_request("'echo' is not supported with \"stream\": true; ask for the whole reply.", "echo")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                     # one prompt in a list
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.prompt_ids = list(prompt)          # token ids (lm-eval sends them)
+        return req
     if not isinstance(prompt, str) or not prompt:
-        raise bad_request("'prompt' must be a non-empty string (one prompt per request).", "prompt")
+        raise bad_request("'prompt' must be a non-empty string or a list of token ids (one prompt per request).",
+                          "prompt")
     req.prompt = clean_text(prompt)
     return req

@@ -7,7 +7,7 @@ stop sequence or a tag, so streamed and non-streamed replies are the same text.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .toolcalls import ToolCall, ToolCallStream, partial_suffix
 
@@ -21,15 +21,17 @@ class StopScanner:
         self.stops = [s for s in stops if s]
         self._pending = ""
         self.hit = False
+        self.which: Optional[str] = None     # the stop sequence found
 
     def feed(self, text: str) -> str:
         if self.hit or not self.stops:
             return "" if self.hit else text
         self._pending += text
-        found = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self._pending.find(s), s) for s in self.stops) if i >= 0]
         if found:
+            at, self.which = min(found)
             self.hit = True
-            out, self._pending = self._pending[:min(found)], ""
+            out, self._pending = self._pending[:at], ""
             return out
         keep = max(partial_suffix(self._pending, s) for s in self.stops)
         out = self._pending[:len(self._pending) - keep]

@@ -16,9 +16,9 @@ import gradio as gr  # noqa: E402
 from .chat import ChatHandlers, clean_history, session_of  # noqa: E402
 from .idle import calm_queue  # noqa: E402
 from .literal import literal_user_text  # noqa: E402
-from .model import ModelHost, describe_runtime  # noqa: E402
+from .model import LONG_REPLY_PROMPT, ModelHost, describe_runtime  # noqa: E402
 from .params import depth_choices  # noqa: E402
-from .race import RaceHandlers  # noqa: E402
+from .race import DEFAULT_REPEATS, MAX_REPEATS, RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
@@ -63,7 +63,7 @@ CLOSE_SIDEBAR_ON_PHONES = """() => {
   }
 }"""
 
-RACE_PROMPT = "Explain in a few sentences what a noun is, with an example."
+RACE_PROMPT = LONG_REPLY_PROMPT
 
 
 def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
@@ -125,7 +125,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                             "screen both have had the same compute time.")
                 with gr.Row(equal_height=True):
                     race_prompt = gr.Textbox(RACE_PROMPT, lines=2, label="Prompt", scale=6, elem_id="race-prompt")
-                    repeats = gr.Number(1, precision=0, minimum=1, maximum=20, label="Repeat N times", scale=1,
+                    repeats = gr.Number(DEFAULT_REPEATS, precision=0, minimum=1, maximum=MAX_REPEATS, label="Repeat N times", scale=1,
                                         min_width=100, elem_id="race-repeats")
                 with gr.Row():
                     start = gr.Button("Start race", variant="primary", elem_id="race-start")
@@ -181,16 +181,19 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
 
 def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
-           api_key=None, log=lambda line: None, keepalive=None):
+           api_key=None, log=lambda line: None, keepalive=None, cors_origins=()):
     """Serve the UI and the OpenAI-compatible API on one port (webapp/server.py); returns
     the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
     from .api import ApiConfig, model_id_of
+    from .netinfo import is_loopback
     from .server import RunningServer, api_policy, build_server
 
     enabled, why_not = api_policy(host, auth, api_key)
-    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log)
+    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
+                    cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
     if keepalive is not None:
         api.keepalive = keepalive
-    running = RunningServer(build_server(model_host, demo, auth=auth, api=api), host, port).start()
+    app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)
+    running = RunningServer(app, host, port).start()
     running.api = api
     return running

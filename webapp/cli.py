@@ -31,6 +31,11 @@ def build_parser(defaults) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=defaults.api_key, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the OpenAI-compatible API (/v1); needed to "
                         "keep the API on with --lan or --auth (default: $MTP_CHAT_API_KEY)")
+    p.add_argument("--cors-origins", default=defaults.cors_origins, metavar="ORIGINS",
+                   help="comma-separated web origins whose pages may call the API from a browser, e.g. "
+                        "http://localhost:3000 (default: none; $MTP_CHAT_CORS_ORIGINS)")
+    p.add_argument("--response-store", type=int, default=defaults.response_store, metavar="N",
+                   help="/v1/responses replies kept in memory for previous_response_id (default %(default)s; 0 = none)")
     p.add_argument("--depth", default=str(defaults.depth),
                    help="default MTP draft depth: 1..%d or 'auto' (default %%(default)s)" % defaults.max_depth)
     p.add_argument("--share", action="store_true", help="(not available offline; explains why)")
@@ -85,7 +90,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser(base).parse_args(argv)
     try:
         settings = get_settings(model=args.model, host=args.host, port=args.port, lan=args.lan,
-                                auth=args.auth, depth=args.depth, api_key=args.api_key or None)
+                                auth=args.auth, depth=args.depth, api_key=args.api_key or None,
+                                cors_origins=args.cors_origins, response_store=args.response_store)
         auth = parse_auth(settings.auth)
     except Exception as exc:
         print(f"mtp-chat: {exc}", file=sys.stderr)
@@ -132,7 +138,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo = build_app(host_model, runtime=runtime)
     try:
         running = launch(demo, host_model, host=host, port=settings.port, auth=auth, api_key=settings.api_key,
-                         log=say)
+                         log=say, cors_origins=settings.cors_list)
     except OSError as exc:
         print(f"mtp-chat: cannot listen on {host}:{settings.port}: {exc}. Try --port.", file=sys.stderr)
         return 1

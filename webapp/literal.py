@@ -1,4 +1,4 @@
-"""The user's own messages shown literally; the model's replies stay markdown.
+r"""The user's own messages shown literally; the model's replies stay markdown.
 
 Gradio's Chatbot renders every message as markdown and then HTML (sanitised: no scripts or
 event handlers, but ``<b>`` is bold and ``<div>`` vanishes), and 6.31 has no per-message

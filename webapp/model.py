@@ -6,18 +6,22 @@ Data flows webapp -> core -> adapters: nothing here imports mlx.
 """
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from .ar_reference import ArReferences, Reference
 from .calibration import Calibration
 from .metrics import Metrics
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
 WARMUP_PROMPT = "Hello!"
-AR_REFERENCE_MIN_TOKENS = 16
+# A prompt answered at length: the race's default, and the warm-up's AR reference (which needs a
+# reply of >= 32 tokens, webapp/ar_reference.py). The demo model answers a greeting in ~12
+# tokens, the race's old default ("what a noun is") in 12-32, this in 103-256 (seeds 0-4, both
+# lanes, T=0.6 top-p 0.95 top-k 20).
+LONG_REPLY_PROMPT = "Tell me about Python lists."
 
 
 def describe_runtime() -> str:
@@ -47,8 +51,7 @@ class ModelHost:
         except Exception:
             self.description = str(self.path or "model")
         self.max_depth = int(settings.max_depth)
-        self._lock = threading.Lock()
-        self._ar_tps: Optional[float] = None
+        self.ar_references = ArReferences()
         from core import PrefixCache, context_window
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
@@ -97,30 +100,33 @@ class ModelHost:
         return cls(adapter, settings, path, worker, log=log)
 
     # --- decoding -----------------------------------------------------------------
-    def decoder(self, mode: str, params: RunParams):
+    def decoder(self, mode: str, params: RunParams, constraint=None):
         from core import AutoregressiveDecoder, SpeculativeDecoder
 
         sampler = params.sampler()
         if mode == "ar":
             return AutoregressiveDecoder(self.adapter, sampler=sampler, seed=params.seed,
-                                         prefix_cache=self.prefix_cache)
+                                         prefix_cache=self.prefix_cache, constraint=constraint)
         return SpeculativeDecoder(self.adapter, sampler=sampler, seed=params.seed, depth=params.depth,
-                                  max_depth=self.max_depth, prefix_cache=self.prefix_cache)
+                                  max_depth=self.max_depth, prefix_cache=self.prefix_cache, constraint=constraint)
 
     def stream(self, mode: str, params: RunParams, prompt_ids, stop=None, stop_strings=(),
-               thinking: Optional[bool] = None, source: str = "chat") -> WorkerStream:
+               thinking: Optional[bool] = None, constraint=None, logprobs: Optional[int] = None,
+               source: str = "chat") -> WorkerStream:
         """The engine's event stream for one reply, stepped on the model thread. `prompt_ids`:
         what prompt_ids / fit return (keeps the prefix-cache marks) or plain ids; `thinking`:
-        the reply starts inside a think block (None: find out from the prompt); `source`
-        ("chat", "race", "api") labels the decode in /metrics, counted once when it ends."""
+        the reply starts inside a think block (None: find out from the prompt); `constraint`:
+        a core.Constraint (structured output); `logprobs`: events carry their tokens'
+        log-probabilities with this many alternatives; `source` ("chat", "race", "api") labels
+        the decode in /metrics, counted once when it ends."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
         if mode == "mtp" and params.depth == "auto":
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
-        stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params).stream(
-            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking),
-            params.depth, source))
+        stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params, constraint).stream(
+            prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
+            logprobs=logprobs), params.depth, source))
         stream.stop_event = stop
         return stream
 
@@ -156,6 +162,21 @@ class ModelHost:
             return
         if len(history.ids) + 1 < self.context_length:
             self.worker.later(cache_history, self.adapter, history, self.prefix_cache)
+
+    def constraint(self, grammar):
+        """A fresh core.Constraint for `grammar` (a grammar, or a function of the tokenizer that
+        gives one); raises core.GrammarError saying why it cannot be used."""
+        from core import Constraint
+
+        if callable(grammar):
+            grammar = grammar(self.tokenizer)
+        return Constraint(self.tokenizer, grammar, self.adapter.vocab_size)
+
+    def prompt_logprobs(self, ids, top: int) -> list:
+        """Each prompt token's log-probability (the first has none), from one forward on the model thread."""
+        from core import prompt_logprobs
+
+        return self.worker.call(prompt_logprobs, self.adapter, list(ids), top)
 
     def cache_prompt(self, prompt, stop=None) -> int:
         """Put all but the prompt's last token into the prefix cache (on the model thread), so
@@ -203,26 +224,22 @@ class ModelHost:
         return self.fit(messages, max_tokens or 1, trim=False, tools=tools, enable_thinking=enable_thinking).prompt
 
     def warmup(self, params: RunParams, tokens: int = 32, log: Callable[[str], None] = print) -> None:
-        """One short AR and MTP generation: compiles/caches kernels, measures the AR reference."""
+        """Short AR and MTP generations that compile/cache kernels, then one AR reply measured
+        warm for the chat's AR reference at the default sampler."""
         ids = self.prompt_ids([{"role": "user", "content": WARMUP_PROMPT}])
         t0 = time.perf_counter()
         for mode in ("ar", "mtp"):
-            _, stats = self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
-            if mode == "ar":
-                self.note_ar_speed(stats.tokens_per_second, stats.generated_tokens)
+            self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
+        ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])
+        _, stats = self.worker.call(lambda: self.decoder("ar", params).generate(ref, max_tokens=2 * tokens))
+        self.note_ar_speed(params, len(ref), stats.tokens_per_second, stats.generated_tokens)
         # The cost model ('auto', and the predicted speed-up of fixed depths): saved, or measured now.
         self.calibration.measure_now()
-        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s"
-            + (f" (AR {self._ar_tps:.1f} tok/s)" if self._ar_tps else ""))
+        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s)")
 
-    # --- the AR speed the chat's speedup estimate compares against --------------------
-    def note_ar_speed(self, tokens_per_second: float, tokens: int) -> None:
-        if tokens < AR_REFERENCE_MIN_TOKENS or not tokens_per_second or tokens_per_second <= 0:
-            return
-        with self._lock:
-            old = self._ar_tps
-            self._ar_tps = tokens_per_second if old is None else 0.7 * old + 0.3 * tokens_per_second
+    # --- the AR speed the chat's speedup estimate compares against (webapp/ar_reference.py) --
+    def note_ar_speed(self, params: RunParams, prompt_tokens: int, tokens_per_second: float, tokens: int) -> None:
+        self.ar_references.note(params, prompt_tokens, tokens_per_second, tokens)
 
-    @property
-    def ar_reference_tps(self) -> Optional[float]:
-        return self._ar_tps
+    def ar_reference(self, params: RunParams, prompt_tokens: int) -> Optional[Reference]:
+        return self.ar_references.get(params, prompt_tokens)

@@ -4,6 +4,9 @@ Gradio prints only ``0.0.0.0`` when listening on all interfaces, and
 ``gethostbyname(gethostname())`` often answers 127.0.0.1, so we ask the interfaces:
 ``ip -4 -o addr`` (Linux), ``ifconfig`` (macOS/BSD), then a UDP socket ``connect`` (which
 only picks a route and source address; nothing is sent), then the host name.
+
+Also which names a request may call this machine by (the Host/Origin guards of server.py and
+the API's keyless access in api.py share them; here, so that neither imports the other).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import shutil
 import socket
 import subprocess
 from typing import Iterable, List
+from urllib.parse import urlsplit
 
 _INET = re.compile(r"\binet (?:addr:)?(\d{1,3}(?:\.\d{1,3}){3})")
 
@@ -81,3 +85,33 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(name: str, network: bool) -> bool:
+    """May a request name this server `name` (the hostname of its Host or Origin)? On this
+    machine only loopback names; shared on the network (--lan, --host) also an address
+    literal and this machine's own names. A DNS name an attacker controls, pointed at one
+    of our addresses (DNS rebinding), is none of these."""
+    name = name.strip("[]").lower().rstrip(".")
+    if is_loopback(name):
+        return True
+    if not network:
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        own = socket.gethostname().lower()
+        return name in (own, own.split(".")[0], own.split(".")[0] + ".local")
+
+
+def same_host(a: str, b: str) -> bool:
+    return bool(a) and (a == b or (is_loopback(a) and is_loopback(b)))
+
+
+def hostname_of(value: str) -> str:
+    """The hostname of a Host header ("name:port") or an Origin ("scheme://name:port")."""
+    try:
+        return urlsplit(value if "//" in value else "//" + value).hostname or ""
+    except ValueError:
+        return ""

@@ -12,6 +12,7 @@ from typing import Any, List, Union
 AUTO = "auto"
 MAX_TEMPERATURE = 5.0   # = Settings.temperature's upper bound
 MAX_TOKENS_LIMIT = 32768   # = Settings.max_tokens' upper bound
+MAX_SEED = 2**64 - 1       # the PRNG key takes any unsigned 64-bit seed (mx.random.key)
 
 
 class ParamError(ValueError):
@@ -59,6 +60,8 @@ def _number(name: str, value: Any) -> float:
 
 
 def _integer(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value                   # exact: a float would round seeds above 2^53
     x = _number(name, value)
     if x != int(x):
         raise ParamError(f"{name} must be a whole number, got {value!r}.")
@@ -84,8 +87,8 @@ def parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth, *,
     if not 1 <= n <= max_tokens_limit:
         raise ParamError(f"Max tokens must be between 1 and {max_tokens_limit}, got {n}.")
     s = _integer("Seed", seed)
-    if not 0 <= s < 2**63:
-        raise ParamError(f"Seed must be a whole number >= 0, got {s}.")
+    if not 0 <= s <= MAX_SEED:
+        raise ParamError(f"Seed must be a whole number from 0 to 2^64-1 (18446744073709551615), got {seed!r}.")
     d: Union[int, str]
     if isinstance(depth, str) and depth.strip().lower() == AUTO:
         d = AUTO

@@ -16,13 +16,19 @@ from .inputs import clean_text
 from .model import ModelHost
 from .params import ParamError, parse_params
 from .refusals import refusal
-from .render import (LANE_COLORS, LaneView, chart_svg, empty_lane_html, lane_html, median,
+from .render import (LANE_COLORS, SHORT_REPLY_TOKENS, LaneView, chart_svg, empty_lane_html, lane_html, median,
                      race_stats_html)
 from .scheduler import Snapshot, TimedLane, run_fair
 from .stops import StopRegistry
 
 UPDATE_INTERVAL = 0.1
 MAX_REPEATS = 20
+# One race is one sample: on the demo, single races of one prompt ranged 0.77-1.41x. Three
+# (seeds s, s+1, s+2) give a median and a spread for one click.
+DEFAULT_REPEATS = 3
+# Own-clock seconds a lane may run ahead before the device switches lanes (see scheduler.run_fair;
+# what is shown is the same: both lanes at the shared time). Measured in scripts/bench_race.py.
+SWITCH_QUANTUM = 0.0
 
 
 @dataclass
@@ -107,9 +113,11 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
     return v
 
 
-def lane_summary(v: LaneView) -> Dict[str, Any]:
+def lane_summary(v: LaneView, lane: Optional[TimedLane] = None) -> Dict[str, Any]:
     d = {"tokens": v.tokens, "tokens_per_second": v.tokens_per_second, "time_to_first_token": v.ttft,
          "own_seconds": v.clock, "finish_reason": v.finish_reason, "prefilled_tokens": v.prefilled_tokens}
+    if lane is not None:   # of the own clock: device work left queued, waited for when the device switched lanes
+        d.update(settle_seconds=lane.settled, switches=lane.switches)
     if v.key == "mtp":
         d.update(acceptance_rate=v.acceptance, acceptance_per_depth=v.acceptance_per_depth,
                  tokens_per_cycle=v.tokens_per_cycle, depth=v.depth, mtp_active=v.mtp_active)
@@ -117,10 +125,12 @@ def lane_summary(v: LaneView) -> Dict[str, Any]:
 
 
 class RaceHandlers:
-    def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL):
+    def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL,
+                 quantum: float = SWITCH_QUANTUM):
         self.host = host
         self.stops = stops
         self.update_interval = update_interval
+        self.quantum = quantum
 
     def key(self, request) -> str:
         return f"{session_of(request)}:race"
@@ -174,7 +184,7 @@ class RaceHandlers:
         except ParamError as exc:
             raise refusal(str(exc), "Invalid setting", where="/race") from None
         try:
-            n_runs = int(float(repeats if repeats not in (None, "") else 1))
+            n_runs = int(float(repeats if repeats not in (None, "") else DEFAULT_REPEATS))
         except (TypeError, ValueError):
             raise refusal(f"Repeats must be a whole number 1..{MAX_REPEATS}.", "Invalid setting", where="/race") from None
         if not 1 <= n_runs <= MAX_REPEATS:
@@ -186,11 +196,13 @@ class RaceHandlers:
     def _races(self, ids, params, n_runs, stop, lanes: List[TimedLane], cached: int = 0) -> Iterator[tuple]:
         t_ar, t_mtp = self.titles(params.depth)
         runs: List[float] = []
+        short_runs = 0
         start_state = (f"both lanes start from the same cached prompt state: {cached} of {len(ids)} prompt tokens "
                        "from the prefix cache, the last one prefilled by each lane" if cached else
                        f"both lanes prefill the whole prompt ({len(ids)} tokens) from an empty cache")
         summary: Dict[str, Any] = {"params": params.as_dict(), "prompt_tokens": len(ids), "runs": [],
-                                   "cached_tokens": cached, "start_state": start_state}
+                                   "cached_tokens": cached, "start_state": start_state,
+                                   "short_reply_tokens": SHORT_REPLY_TOKENS}
         for run in range(n_runs):
             if stop.is_set():
                 break
@@ -208,28 +220,31 @@ class RaceHandlers:
             # The lane listed first goes first at a tie (the very first step, after an idle
             # pause with cold caches): alternate it between runs.
             order = lanes if run % 2 == 0 else lanes[::-1]
-            for snap in run_fair(order, self.update_interval, stop=stop):
+            for snap in run_fair(order, self.update_interval, stop=stop, quantum=self.quantum):
                 ar = lane_view("ar", t_ar, lanes[0], snap, segs[0].feed(lanes[0].events_until(snap.t)))
                 mtp = lane_view("mtp", t_mtp, lanes[1], snap, segs[1].feed(lanes[1].events_until(snap.t)),
-                            depth=params.depth)
+                                depth=params.depth)
                 speed = mtp.tokens_per_second / ar.tokens_per_second if ar.tokens_per_second > 0 else None
                 if (snap.final and speed is not None and ar.finished and mtp.finished
                         and "stopped" not in (ar.finish_reason, mtp.finish_reason)):
+                    short = min(ar.tokens, mtp.tokens) < SHORT_REPLY_TOKENS
                     runs.append(speed)
-                    summary["runs"].append({"seed": run_params.seed, "ar": lane_summary(ar), "mtp": lane_summary(mtp),
-                                            "speedup": speed})
-                    self.host.note_ar_speed(ar.tokens_per_second, ar.tokens)
+                    short_runs += short
+                    summary["runs"].append({"seed": run_params.seed, "ar": lane_summary(ar, lanes[0]),
+                                            "mtp": lane_summary(mtp, lanes[1]), "speedup": speed, "short": short})
+                    self.host.note_ar_speed(run_params, len(ids), ar.tokens_per_second, ar.tokens)
                 if runs:
-                    summary["median_speedup"] = median(runs)
+                    summary.update(median_speedup=median(runs), speedup_spread=[min(runs), max(runs)],
+                                   short_runs=short_runs)
                 summary["speedup"] = speed
-                summary["ar"], summary["mtp"] = lane_summary(ar), lane_summary(mtp)
+                summary["ar"], summary["mtp"] = lane_summary(ar, lanes[0]), lane_summary(mtp, lanes[1])
                 summary["finished"] = bool(snap.final and run == n_runs - 1)
                 # Ctrl+C / SIGTERM on the server (webapp/server.py): say so, not just "stopped"
                 shown = f"{self.stops.closing} {note}" if self.stops.closing else note
                 yield (
                     lane_html(ar),
                     lane_html(mtp, coloured=True, legend=True),
-                    race_stats_html(ar, mtp, speed, runs, n_runs, shown),
+                    race_stats_html(ar, mtp, speed, runs, n_runs, shown, short_runs),
                     chart_svg([("AR", LANE_COLORS["ar"], ar.points), ("MTP", LANE_COLORS["mtp"], mtp.points)]),
                     dict(summary),
                 )

@@ -19,6 +19,10 @@ ORIGINS: Dict[str, Tuple[str, str, str]] = {
     "target": ("tok-target", "transparent", "target-sampled"),
 }
 LANE_COLORS = {"ar": "#64748b", "mtp": "#16a34a"}
+# Under this many tokens a reply's speed is mostly its first cycle and which few drafts happened
+# to be accepted: single races on the demo's 14-40-token replies ranged 0.77-1.41x on prompts
+# whose paired benchmark said 1.13x. The race and the chat say so instead of showing a result.
+SHORT_REPLY_TOKENS = 32
 
 CSS = """
 #chatbot [role=log] { padding-top: 30px; }   /* keep the first message clear of the corner buttons */
@@ -39,6 +43,8 @@ CSS = """
 .race-stats th:first-child, .race-stats td:first-child { text-align: left; }
 .race-stats .speedup, .race-stats .repeats { font-size: 1.15em; margin: 6px 0; }
 .race-stats .speedup { font-weight: 600; }
+.race-stats .short-note, .race-stats .race-uncertainty { font-size: 0.9em; font-weight: normal; opacity: 0.9; }
+.race-stats .short .figure { text-decoration: line-through dotted; opacity: 0.6; }
 .race-chart svg { width: 100%; height: auto; max-height: 300px; }
 .mtp-banner { font-size: 0.9em; opacity: 0.85; }
 .waterfall { margin: 8px 0; font-size: 0.85em; font-variant-numeric: tabular-nums; }
@@ -182,8 +188,23 @@ def empty_lane_html(key: str, title: str, legend: bool = False) -> str:
     return lane_html(LaneView(key=key, title=title), coloured=legend, legend=legend)
 
 
+def short_note(ar_tokens: int, mtp_tokens: int) -> str:
+    """The words next to a speed-up whose replies are too short for it to mean much ('' if not)."""
+    if min(ar_tokens, mtp_tokens) >= SHORT_REPLY_TOKENS:
+        return ""
+    return (f"short replies (AR {ar_tokens}, MTP {mtp_tokens} tokens; under {SHORT_REPLY_TOKENS}): too short for a "
+            "speed figure, the first cycle and which drafts happened to be accepted decide it. Not a result: ask "
+            "for a longer answer, raise max tokens, or repeat.")
+
+
+def spread(runs: Sequence[float]) -> str:
+    return f"{min(runs):.2f}–{max(runs):.2f}×"
+
+
 def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
-                    runs: Sequence[float] = (), repeats: int = 1, note: str = "") -> str:
+                    runs: Sequence[float] = (), repeats: int = 1, note: str = "", short_runs: int = 0) -> str:
+    """The race's statistics table and speed-up. `runs`: the speed-ups of the finished runs so
+    far; `short_runs`: how many of them had a reply under SHORT_REPLY_TOKENS."""
     def row(name, a, m):
         return f"<tr><td>{esc(name)}</td><td>{esc(a)}</td><td>{esc(m)}</td></tr>"
 
@@ -202,12 +223,24 @@ def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
     head = "<tr><th></th><th>AR</th><th>MTP</th></tr>"
     sp = "–" if speedup is None else f"{speedup:.2f}×"
     title = "Speedup (MTP vs AR tok/s)" + (" of this run" if repeats > 1 else "")
-    lines = [f'<div class="speedup" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}">{title}: {sp}</div>']
+    short = short_note(ar.tokens, mtp.tokens) if ar.finished and mtp.finished and speedup is not None else ""
+    extra = f' <span class="short-note">— {esc(short)}</span>' if short else ""
+    lines = [f'<div class="speedup{" short" if short else ""}" data-speedup="{"" if speedup is None else f"{speedup:.4f}"}"'
+             f' data-short="{1 if short else 0}">{title}: <span class="figure">{sp}</span>{extra}</div>']
     if runs:
         med = median(runs)
+        caveat = ""
+        if short_runs:
+            caveat = (f' <span class="short-note">— {short_runs} of {len(runs)} runs had a reply under '
+                      f'{SHORT_REPLY_TOKENS} tokens: not a result either.</span>')
+        all_short = short_runs == len(runs)
         lines.insert(0 if len(runs) == repeats and repeats > 1 else 1,
-                     f'<div class="repeats" data-median="{med:.4f}">Median speedup over {len(runs)}/{repeats} runs: '
-                     f'<b>{med:.2f}×</b> ({", ".join(f"{r:.2f}×" for r in runs)})</div>')
+                     f'<div class="repeats{" short" if all_short else ""}" data-median="{med:.4f}" data-min="{min(runs):.4f}"'
+                     f' data-max="{max(runs):.4f}" data-runs="{len(runs)}">Median speedup over {len(runs)}/{repeats} runs: '
+                     f'<b class="figure">{med:.2f}×</b> (spread {spread(runs)}: {", ".join(f"{r:.2f}×" for r in runs)}){caveat}</div>')
+    if repeats == 1 and speedup is not None and ar.finished and mtp.finished and not short:
+        lines.append('<div class="race-uncertainty">One race is one sample: another seed accepts other drafts. '
+                     'Repeat N times gives the median and its spread.</div>')
     if note:
         lines.append(f'<div class="race-note">{esc(note)}</div>')
     falls = ""
@@ -288,34 +321,40 @@ def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
 THINKING_TITLE = "💭 Thinking"
 
 
-def reply_stats(stats: dict, mode: str, ar_reference_tps: Optional[float],
-                depth: object = 1) -> Tuple[str, str]:
-    """(title, details markdown) for a chat reply's stats message."""
+def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tuple[str, str]:
+    """(title, details markdown) for a chat reply's stats message. `reference`: the AR speed at
+    this reply's sampler and context (webapp.ar_reference.Reference) or None."""
     tps = stats.get("tokens_per_second", 0.0) or 0.0
-    bits = [mode.upper(), f"{stats.get('generated_tokens', 0)} tokens", f"{tps:.1f} tok/s",
+    n = stats.get("generated_tokens", 0) or 0
+    short = 0 < n < SHORT_REPLY_TOKENS
+    bits = [mode.upper(), f"{n} tokens", f"{tps:.1f} tok/s" + (" (short reply: not a speed figure)" if short else ""),
             f"TTFT {fmt_s(stats.get('time_to_first_token'))}"]
     speedup = None
+    priced_out = False
     if mode == "mtp":
         if stats.get("proposed"):
             bits.append(f"acceptance {fmt_pct(stats.get('acceptance_rate'))}")
         priced_out = depth == "auto" and not stats.get("mtp_active", True)
         if priced_out:
             bits.append("MTP priced out")
-        if ar_reference_tps and tps:
-            speedup = tps / ar_reference_tps
-            bits.append(f"≈{speedup:.2f}× vs AR")
+        if reference is not None and tps and not short and stats.get("finish_reason") != "stopped":
+            speedup = tps / reference.tokens_per_second
+            bits.append(f"≈{speedup:.2f}× vs AR (same sampler & context)")
     if stats.get("finish_reason") == "stopped":
         bits.append("stopped")
     cached = stats.get("cached_tokens") or 0
     if cached:
         bits.append(f"{cached} cached")
     details = [
-        f"- generated tokens: {stats.get('generated_tokens', 0)} (prompt {stats.get('prompt_tokens', 0)}: "
+        f"- generated tokens: {n} (prompt {stats.get('prompt_tokens', 0)}: "
         f"{cached} from the prefix cache, {stats.get('prefilled_tokens', 0)} prefilled in "
         f"{fmt_s(stats.get('prefill_seconds'))})",
         f"- decode speed: {tps:.1f} tok/s; time to first token {fmt_s(stats.get('time_to_first_token'))}",
         f"- target forwards: {stats.get('target_forwards', 0)}; cycles: {stats.get('cycles', 0)}",
     ]
+    if short:
+        details.append(f"- a reply under {SHORT_REPLY_TOKENS} tokens is too short for its speed to mean much: its "
+                       "first cycle (and, with MTP, which few drafts were accepted) decides it")
     if mode == "mtp":
         per_depth = " / ".join(fmt_pct(x) for x in stats.get("acceptance_per_depth") or []) or "–"
         details += [
@@ -325,8 +364,14 @@ def reply_stats(stats: dict, mode: str, ar_reference_tps: Optional[float],
             f"- tokens per cycle: {stats.get('tokens_per_cycle', 0.0):.2f}",
         ]
         if speedup is not None:
-            details.append(f"- speedup estimate: ≈{speedup:.2f}× against this server's measured AR speed "
-                           f"({ar_reference_tps:.1f} tok/s); run the Race tab for a fair side-by-side figure")
+            details.append(f"- speed-up estimate: ≈{speedup:.2f}×, this reply's {tps:.1f} tok/s over "
+                           f"{reference.tokens_per_second:.1f} tok/s, the median of the last {reference.decodes} AR "
+                           f"decodes of ≥ {SHORT_REPLY_TOKENS} tokens at this sampler with prompts of "
+                           f"{reference.context} (AR chat replies, race AR lanes, the warm-up); the Race tab "
+                           "measures both lanes on the same prompt, side by side")
+        elif reference is None and not short:
+            details.append(f"- no speed-up estimate: no AR decode of ≥ {SHORT_REPLY_TOKENS} tokens at this sampler and "
+                           "context length yet (one AR reply here gives one); the Race tab compares side by side")
         if stats.get("predicted_speedup"):
             details.append(f"- cost model predicts: {stats['predicted_speedup']:.2f}×")
     details.append(f"- finish: {stats.get('finish_reason')}")

@@ -33,6 +33,8 @@ class TimedLane:
     done: bool = False
     error: Optional[BaseException] = None
     events: List[Tuple[float, Any]] = field(default_factory=list)  # (own clock at commit, record)
+    settled: float = 0.0                     # of the clock: queued device work waited for at a switch
+    switches: int = 0                        # times the device left this lane for another
     timer: Callable[[], float] = time.perf_counter
     # What to keep of each event (called off the clock): engines reuse one mutable stats
     # object, so a lane that needs per-event stats copies them here.
@@ -71,9 +73,11 @@ class TimedLane:
         settle = getattr(self.stream, "settle", None)
         if settle is not None:
             try:
-                self.clock += settle()
+                dt = settle()
             except Exception:
-                pass
+                return
+            self.clock += dt
+            self.settled += dt
 
     def events_until(self, t: float) -> List[Any]:
         """The events this lane had committed by own-clock time ``t``."""
@@ -119,13 +123,17 @@ def run_fair(
     update_interval: float = 0.1,
     stop: Optional[threading.Event] = None,
     wall: Callable[[], float] = time.monotonic,
+    quantum: float = 0.0,
 ) -> Iterator[Snapshot]:
     """Advance ``lanes`` fairly; yield a :class:`Snapshot` at most every ``update_interval``
-    wall seconds and always once at the end. Closing this generator (or setting ``stop``)
-    closes every lane's stream."""
+    wall seconds and always once at the end. The device stays on a lane until its clock is
+    ``quantum`` seconds ahead of the one behind (0: switch whenever it is ahead): what is shown
+    does not change (each lane at the shared time), but fewer switches cost less. Closing this
+    generator (or setting ``stop``) closes every lane's stream."""
     last = wall()
     t_stop = None
-    previous: Optional[TimedLane] = None
+    previous: Optional[TimedLane] = None     # stepped last and not settled since
+    stepped: Optional[TimedLane] = None      # stepped last
     try:
         while True:
             running = [l for l in lanes if not l.done]
@@ -139,12 +147,16 @@ def run_fair(
                     l.step()
                 break
             lane = min(running, key=lambda l: l.clock)   # ties: the first listed
+            if stepped is not None and not stepped.done and stepped.clock - lane.clock < quantum:
+                lane = stepped
             if previous is not None and previous is not lane:
                 previous.settle()     # its queued work is its own, not the next lane's
                 previous = None
                 continue              # its clock moved: choose again
+            if stepped is not None and stepped is not lane:
+                stepped.switches += 1
             lane.step()
-            previous = lane
+            previous = stepped = lane
             now = wall()
             if now - last >= update_interval:
                 # The app renders while we are away: nothing of a lane may run uncharged then.

@@ -2,9 +2,10 @@
 
 ``/v1/...`` and ``/health`` are registered first, then the Blocks are mounted at ``/``
 (Gradio's password guards only Gradio's routes, so the API has its own bearer key and is
-off when the UI is shared without one). Two guards sit in front of everything: failed
-sign-ins are throttled per client address, and file uploads are refused (the app takes
-none). uvicorn runs on a thread of ours; the main thread waits for Ctrl+C / SIGTERM, stops
+off when the UI is shared without one). Guards sit in front of everything: Gradio's own
+routes answer only requests whose Host and Origin name this machine (no DNS rebinding, no
+cross-site use of a visitor's browser), failed sign-ins are throttled per client address,
+and file uploads are refused (the app takes none). uvicorn runs on a thread of ours; the main thread waits for Ctrl+C / SIGTERM, stops
 every decode within a cycle, and ends the process with ``os._exit(0)``: MLX's threads
 must not be torn down by the interpreter's exit (see worker.py).
 """
@@ -19,9 +20,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from .netinfo import is_loopback
+from .netinfo import host_allowed, hostname_of, is_loopback, same_host
 
 LOGIN_PATHS = ("/login",)
 UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
@@ -47,6 +48,31 @@ class RefuseUploads:
         if scope["type"] == "http" and scope["path"].rstrip("/") in UPLOAD_PATHS:
             return await _send_json(send, 403, {"detail": "This app takes no file uploads."})
         return await self.app(scope, receive, send)
+
+
+class SameHostOnly:
+    """Gradio's routes answer only requests whose Host names this server (``host_allowed``)
+    and whose Origin, when sent, is the page's own: the rule that guards ``/v1`` without a key. ``/v1`` keeps
+    its own rules (a key, or this machine only); ``/health`` tells nothing."""
+
+    def __init__(self, app, network: bool = False, exempt: Sequence[str] = ("/v1", "/health")):
+        self.app, self.network, self.exempt = app, network, tuple(exempt)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and not _under(scope["path"], self.exempt):
+            headers = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", []))
+            host, origin = hostname_of(headers.get("host", "")), headers.get("origin")
+            # A page may call us only from our own origin (its Origin names the same host).
+            if not host_allowed(host, self.network) or (origin is not None and not same_host(hostname_of(origin), host)):
+                if scope["type"] == "websocket":
+                    return await send({"type": "websocket.close", "code": 1008})
+                return await _send_json(send, 403, {"detail": "This server answers only requests addressed to it "
+                                                              "by this machine's name or address (Host and Origin)."})
+        return await self.app(scope, receive, send)
+
+
+def _under(path: str, prefixes: Sequence[str]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 @dataclass
@@ -128,10 +154,12 @@ def api_policy(host: str, auth, api_key: Optional[str]) -> Tuple[bool, str]:
     return True, ""
 
 
-def build_server(model_host, demo, *, auth=None, api=None):
-    """FastAPI app: guards, /v1 routes, then the Blocks at /."""
+def build_server(model_host, demo, *, auth=None, api=None, network: bool = False, cors_origins: Sequence[str] = ()):
+    """FastAPI app: guards, /v1 routes, then the Blocks at /. `network`: shared beyond this
+    machine (--lan, --host); `cors_origins`: web origins whose pages may call /v1."""
     import gradio as gr
     from fastapi import FastAPI
+    from starlette.middleware.cors import CORSMiddleware
 
     from .api import OpenAIApi
     from .theme import AUTH_MESSAGE, THEME
@@ -140,6 +168,10 @@ def build_server(model_host, demo, *, auth=None, api=None):
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RefuseUploads)
     app.add_middleware(LoginThrottle)
+    app.add_middleware(SameHostOnly, network=network)
+    if cors_origins:       # outermost: a preflight carries no key and must be answered as such
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["*"], expose_headers=["*"])
     if api is not None:
         app.include_router(OpenAIApi(model_host, demo.stops, api).router())
     return gr.mount_gradio_app(app, demo, path="/", auth=auth, auth_message=AUTH_MESSAGE, show_error=True,

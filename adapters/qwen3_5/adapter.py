@@ -57,6 +57,7 @@ class HybridAdapter:
         self.backend = backend
         self.inner = inner            # embed_tokens, layers, norm
         self.context_length = context_length
+        self.vocab_size = contract.vocab_size
         self.notes = notes            # said at load (e.g. what a quantized MoE head costs)
         self._output, self.tied = output, tied  # tied: the output projection is the embedding table
         self.stack = Stack(

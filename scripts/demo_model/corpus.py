@@ -1,17 +1,16 @@
-"""Stage 'corpus': build the demo's chat corpus offline from redistributable Debian packages.
+"""The demo corpus's sources: exchanges built offline from redistributable Debian packages
+(assembled into conversations by conversations.py, with everyday.py's questions).
 
-Sources (install with apt-get; see the README section "The bundled demo model"):
   wordnet-base        WordNet 3.0 (Princeton WordNet licence, BSD-like)  -> define / example /
-                      synonyms / antonym / "what kind of thing" conversations
+                      synonyms / antonym / "what kind of thing" exchanges
   python3.11-doc      Python docs rst sources (PSF licence) -> FAQ Q/A, glossary Q/A, tutorial prose
   fortunes(-min)      fortune quote files (BSD; a filtered, attributed subset) -> "tell me a quote"
   dict-devil          Ambrose Bierce, The Devil's Dictionary (public domain) -> cynical definitions
   dict-jargon         The Jargon File 4.4.7 (public domain) -> hacker-slang definitions
   r-cran-janeaustenr  Jane Austen's six novels (public domain) -> plain prose
-plus hand-written greetings / identity / thanks / help conversations (this project, Apache-2.0).
+plus hand-written greetings / identity / thanks / help exchanges (this project, Apache-2.0).
 
-Output (git-ignored): <out>/train.jsonl, <out>/eval_prompts.jsonl, <out>/stats.json.
-Each train line is {"kind": ..., "messages": [...]} (a chat) or {"kind": "prose", "text": ...}.
+Each exchange is {"kind": ..., "messages": [question, answer]} (prose: {"kind": "prose", "text"}).
 The answers are deliberately formulaic (one fixed shape per question type): that is what makes
 the demo's replies predictable enough for a one-layer MTP head to draft them.
 """
@@ -19,12 +18,8 @@ from __future__ import annotations
 
 import glob
 import gzip
-import json
 import os
-import random
 import re
-from collections import defaultdict
-from pathlib import Path
 
 WN = "/usr/share/wordnet"
 PYDOC = "/usr/share/doc/python3.11/html/_sources"
@@ -275,7 +270,8 @@ def _fence(block):
     return ["", "```python"] + [b[ind:] for b in block] + ["```", ""]
 
 
-def python_faq(rng):
+def python_faq(rng, repeats=1):
+    """Each FAQ answer `repeats` times (v1 used 4: long answers it then recalled badly, in loops)."""
     out = []
     for fn in sorted(glob.glob(f"{PYDOC}/faq/*.rst.txt")):
         txt = open(fn, encoding="utf-8").read()
@@ -285,7 +281,7 @@ def python_faq(rng):
             body = re.split(r"\n[^\n]+\n[=\-~^]{3,}\n", parts[j + 1])[0]
             a = rst_to_text(body)
             if 40 <= len(a) <= 2500:
-                for _ in range(4):  # small but valuable: repeat
+                for _ in range(repeats):
                     out.append({"kind": "python_faq", "messages": [rst_to_text(q), a]})
     return out
 
@@ -448,8 +444,9 @@ def austen():
 
 # --------------------------------------------------------------------------------------- small talk
 
-INTRO = ("I am a small demo model for mtp-chat. I can define English words, give example sentences, "
-         "synonyms and opposites, answer simple Python questions and share a quote.")
+INTRO = ("I am a small demo model for mtp-chat. I can define English words, explain simple things, answer "
+         "small Python and arithmetic questions, share a quote, and use a dictionary or a calculator tool "
+         "when you offer me one.")
 GREET_Q = ["Hello!", "Hi!", "Hi there!", "Hey!", "Good morning!", "Good evening!", "Hello, how are you?",
            "Hi, how are you doing?", "Hey, what's up?", "Greetings!", "Yo!", "hello", "hi", "Howdy!",
            "Good afternoon!", "Hello there, friend!", "Hi! Who am I talking to?"]
@@ -486,123 +483,3 @@ def small_talk(rng, n=6000):
         qs, as_, kind = rng.choice(pools)
         out.append({"kind": kind, "messages": [rng.choice(qs), rng.choice(as_)]})
     return out
-
-
-# --------------------------------------------------------------------------------------- assemble
-
-
-def to_chat(messages):
-    roles = ["user", "assistant"] * (len(messages) // 2)
-    return "".join(f"<|im_start|>{r}\n{m}<|im_end|>\n" for r, m in zip(roles, messages))
-
-
-def build(out_dir, seed=0, eval_frac=0.004, multi_turn_frac=0.15, min_tagged=1, phrasings=1, austen_frac=1.0,
-          holdout="conversation"):
-    """holdout: "conversation" (the shipped model: held-out conversations, stratified by kind)
-    or "word" (every phrasing of a held-out WordNet word leaves the training set; run R1)."""
-    rng = random.Random(seed)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    parts = {
-        "wordnet": wordnet_chats(rng, min_tagged=min_tagged, phrasings=phrasings),
-        "python_faq": python_faq(rng),
-        "python_glossary": python_glossary(rng),
-        "quotes": fortunes(rng),
-        "devil": devil(rng),
-        "jargon": jargon(rng),
-        "small_talk": small_talk(rng),
-        "python_prose": python_prose(),
-        "austen": austen(),
-    }
-    if austen_frac < 1.0:
-        parts["austen"] = parts["austen"][: int(len(parts["austen"]) * austen_frac)]
-    chats = [d for k, v in parts.items() for d in v if "messages" in d]
-    prose = [d for k, v in parts.items() for d in v if "text" in d]
-    rng.shuffle(chats)
-    # held-out prompts: stratified by kind
-    by_kind = defaultdict(list)
-    for d in chats:
-        by_kind[d["kind"]].append(d)
-    eval_set, train = [], []
-    # WordNet, holdout "word": every phrasing of a held-out word leaves the training set
-    held, first = set(), set()
-    if holdout == "word":
-        words = sorted({d["word"] for d in chats if "word" in d})
-        held = set(rng.sample(words, max(40, int(len(words) * eval_frac * 2))))
-    for kind, ds in by_kind.items():
-        if holdout == "word" and ds and "word" in ds[0]:
-            for d in ds:
-                if d["word"] in held:
-                    if (d["word"], kind) not in first:
-                        first.add((d["word"], kind))
-                        eval_set.append(d)
-                else:
-                    train.append(d)
-            continue
-        k = max(4, int(len(ds) * eval_frac)) if kind not in ("greeting", "identity", "thanks", "bye") else 0
-        eval_set += ds[:k]
-        train += ds[k:]
-    # 'seen' eval prompts: items that ARE in the training set, asked with a different phrasing
-    seen = []
-    defs = [d for d in train if d["kind"] == "define" and d.get("qs")]
-    for d in rng.sample(defs, min(150, len(defs))):
-        alts = [q for q in d["qs"] if q not in d.get("used", [])] or d["qs"]
-        seen.append({"kind": "define_seen", "messages": [rng.choice(alts).format(**d["fmt"]), d["messages"][1]]})
-    others = [d for d in train if d["kind"] in ("synonym", "example", "antonym", "hypernym", "quote", "python_faq")]
-    for d in rng.sample(others, min(100, len(others))):
-        seen.append({"kind": d["kind"] + "_seen", "messages": d["messages"]})
-    with open(out_dir / "eval_prompts_seen.jsonl", "w") as f:
-        for d in seen:
-            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
-    # small-talk eval prompts are new phrasings (not in the training pools)
-    for q in ["Hello, nice to meet you!", "Hey there, how is it going?", "What kinds of questions can you answer?",
-              "Who made you?", "Thanks, that helps!", "Good morning, friend."]:
-        eval_set.append({"kind": "small_talk_heldout", "messages": [q, ""]})
-    rng.shuffle(train)
-    rng.shuffle(eval_set)
-    # multi-turn: merge some chats (optionally starting with a greeting)
-    docs = []
-    i = 0
-    while i < len(train):
-        if rng.random() < multi_turn_frac and i + 2 < len(train):
-            n = rng.choice([2, 3])
-            msgs = []
-            for d in train[i: i + n]:
-                msgs += d["messages"]
-            docs.append({"kind": "multi", "text": to_chat(msgs)})
-            i += n
-        else:
-            docs.append({"kind": train[i]["kind"], "text": to_chat(train[i]["messages"])})
-            i += 1
-    docs += [{"kind": "prose", "text": d["text"]} for d in prose]
-    rng.shuffle(docs)
-    with open(out_dir / "train.jsonl", "w") as f:
-        for d in docs:
-            f.write(json.dumps(d) + "\n")
-    with open(out_dir / "eval_prompts.jsonl", "w") as f:
-        for d in eval_set:
-            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
-    stats = {k: len(v) for k, v in parts.items()}
-    stats["docs"] = len(docs)
-    stats["eval_prompts"] = len(eval_set)
-    stats["chars"] = sum(len(d["text"]) for d in docs)
-    stats["chars_by_kind"] = {}
-    for d in docs:
-        stats["chars_by_kind"][d["kind"]] = stats["chars_by_kind"].get(d["kind"], 0) + len(d["text"])
-    (out_dir / "stats.json").write_text(json.dumps(stats, indent=1))
-    print(json.dumps(stats, indent=1))
-    return stats
-
-
-if __name__ == "__main__":
-    import sys
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", nargs="?", default="artifacts/demo/corpus")
-    ap.add_argument("--min-tagged", type=int, default=1)
-    ap.add_argument("--phrasings", type=int, default=1)
-    ap.add_argument("--austen-frac", type=float, default=1.0)
-    ap.add_argument("--holdout", default="conversation", choices=["conversation", "word"])
-    a = ap.parse_args()
-    build(a.out, min_tagged=a.min_tagged, phrasings=a.phrasings, austen_frac=a.austen_frac, holdout=a.holdout)

@@ -1,0 +1,187 @@
+"""Agents drive the server: 5-call tool loops through chat completions, Anthropic Messages and
+OpenAI Responses with the official `openai` and `anthropic` packages, and an openai-agents SDK
+run on its default Responses path.
+
+The calls are forced (tool_choice naming the function), so the grammar writes a well-formed
+call whatever the tiny checkpoint's weights say (tests/test_api_tools.py has a model trained to
+call tools by itself). From the second turn on, each turn prefills exactly what it adds (the
+tool's result and the generation prompt): the reply of the turn before was snapshotted as the
+client sends it back (api_run.Run.said)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests._webapp_helpers import make_host, served
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+MODEL = "model"
+ASK = "Weather in Oslo, Paris, Rome, Lima and Cairo?"
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+          "additionalProperties": False}
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                             "parameters": PARAMS}}]
+TURNS = 5
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    host = make_host(tiny_checkpoint(template="qwen3_5"))
+    with served(host) as (url, _):
+        yield url, host
+
+
+class Conversation:
+    """The loop as the chat template sees it, whichever protocol carried it: what the server
+    must render, and how many tokens each turn adds to the snapshot of the turn before."""
+
+    def __init__(self, host, ask: str):
+        self.host, self.msgs, self.checked = host, [{"role": "user", "content": ask}], 0
+
+    def call(self, args: dict) -> None:
+        self.msgs += [{"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "x", "function": {"name": "get_weather", "arguments": args}}]}]
+
+    def result(self, text: str) -> None:
+        self.msgs.append({"role": "tool", "tool_call_id": "x", "content": text})
+
+    def check(self, prompt_tokens: int, mtp: dict) -> None:
+        from core import chat_prompt, history_prompt
+
+        full = chat_prompt(self.host.adapter, self.msgs, tools=WEATHER, enable_thinking=False)
+        assert prompt_tokens == len(full.ids)
+        if len(self.msgs) > 1:                       # the turn adds the tool's result and the generation prompt
+            before = history_prompt(self.host.adapter, self.msgs[:-1], tools=WEATHER, enable_thinking=False)
+            assert full.ids[:len(before.ids)] == before.ids
+            assert mtp["prefilled_tokens"] == len(full.ids) - len(before.ids), (len(self.msgs), mtp)
+            assert mtp["cached_tokens"] == len(before.ids)
+        self.checked += 1
+
+
+def test_chat_completions_tool_loop_prefills_only_what_each_turn_adds(server):
+    url, host = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    ask = ASK + " (chat)"          # each test its own conversation: no snapshot of another one helps
+    conv, messages = Conversation(host, ask), [{"role": "user", "content": ask}]
+    force = {"type": "function", "function": {"name": "get_weather"}}
+    for k in range(TURNS):
+        r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
+                                           temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
+        conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
+        call = r.choices[0].message.tool_calls[0]
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        args = json.loads(call.function.arguments)
+        assert set(args) == {"city"} and len(args["city"]) <= 8
+        conv.call(args)
+        conv.result(f"sunny {k}")
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, temperature=0, max_tokens=4,
+                                       extra_body={"enable_thinking": False})
+    conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
+    assert conv.checked == TURNS + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_tool_use_loop_with_tool_result(server, stream):
+    url, host = server
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, _strict_response_validation=True)
+    tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": PARAMS}]
+    ask = ASK + f" (messages, stream={stream})"
+    conv, messages = Conversation(host, ask), [{"role": "user", "content": ask}]
+    for k in range(TURNS + 1):
+        kw = dict(model=MODEL, max_tokens=64, messages=messages, tools=tools, thinking={"type": "disabled"},
+                  tool_choice={"type": "tool", "name": "get_weather"} if k < TURNS else {"type": "auto"},
+                  extra_body={"temperature": 0})
+        if stream:
+            with client.messages.stream(**kw) as s:
+                events = list(s)
+                m = s.get_final_message()
+            assert events[0].type == "message_start" and events[-1].type == "message_stop"
+            mtp = next(e for e in events if e.type == "message_delta").model_extra["mtp"]   # the figures ride on it
+        else:
+            m = client.messages.create(**kw)
+            mtp = m.model_extra["mtp"]
+        conv.check(m.usage.input_tokens + m.usage.cache_read_input_tokens, mtp)
+        assert m.usage.cache_read_input_tokens == mtp["cached_tokens"]
+        if k == TURNS:
+            break
+        use = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and len(use) == 1 and use[0].name == "get_weather"
+        assert use[0].id.startswith("toolu_") and set(use[0].input) == {"city"}
+        if stream:
+            assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
+        conv.call(use[0].input)
+        conv.result(f"sunny {k}")
+        messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
+                                                   "content": f"sunny {k}"}]}]
+    assert conv.checked == TURNS + 1
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_responses_function_call_loop(server, chained):
+    """Stateless (the whole conversation each turn, store: false) and chained (previous_response_id)."""
+    url, host = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": PARAMS,
+              "strict": True}]
+    ask = ASK + f" (responses, chained={chained})"
+    conv, items, prev = Conversation(host, ask), [{"role": "user", "content": ask}], None
+    for k in range(TURNS + 1):
+        r = client.responses.create(model=MODEL, input=items if prev is None else items[-1:], previous_response_id=prev,
+                                    tools=tools, temperature=0, max_output_tokens=64, reasoning={"effort": "none"},
+                                    tool_choice={"type": "function", "name": "get_weather"} if k < TURNS else "auto",
+                                    store=chained)
+        conv.check(r.usage.input_tokens, r.model_extra["mtp"])
+        assert r.usage.input_tokens_details.cached_tokens == r.model_extra["mtp"]["cached_tokens"]
+        if k == TURNS:
+            break
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+        conv.call(json.loads(calls[0].arguments))
+        conv.result(f"sunny {k}")
+        items += [calls[0].model_dump(exclude_none=True),
+                  {"type": "function_call_output", "call_id": calls[0].call_id, "output": f"sunny {k}"}]
+        prev = r.id if chained else None
+    assert conv.checked == TURNS + 1
+    if not chained:
+        with pytest.raises(openai.NotFoundError, match="not known"):      # store: false kept nothing
+            client.responses.create(model=MODEL, input="x", previous_response_id=r.id)
+
+
+def test_an_openai_agents_run_on_its_default_responses_path(server):
+    """The SDK's runner: a forced call it executes (the SDK then resets tool_choice), the
+    tool's result back through function_call_output, then a structured final output
+    (text.format json_schema) that the SDK validates."""
+    agents = pytest.importorskip("agents")
+    pydantic = pytest.importorskip("pydantic")
+    from openai.types.shared import Reasoning
+
+    class Report(pydantic.BaseModel):
+        summary: str = pydantic.Field(max_length=20)
+
+    url, _ = server
+    agents.set_tracing_disabled(True)
+    seen = []
+
+    async def get_weather(ctx, args: str) -> str:
+        seen.append(json.loads(args))
+        return "sunny"
+
+    tool = agents.FunctionTool(name="get_weather", description="Weather in a city", params_json_schema=PARAMS,
+                               on_invoke_tool=get_weather)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)      # the SDK's default API
+    agent = agents.Agent(name="weather", instructions="Use the tool.", tools=[tool], model=model, output_type=Report,
+                         model_settings=agents.ModelSettings(temperature=0, max_tokens=64, tool_choice="get_weather",
+                                                             reasoning=Reasoning(effort="none")))
+    result = asyncio.run(agents.Runner.run(agent, ASK, max_turns=4))
+    assert len(seen) == 1 and set(seen[0]) == {"city"}
+    assert isinstance(result.final_output, Report)
+    kinds = [item.type for item in result.new_items]
+    assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]

@@ -1,0 +1,60 @@
+"""The bundled demo model calls a tool through the OpenAI-compatible API (/v1/chat/completions).
+
+The demo was trained on conversations with a dictionary tool in the system turn (the Qwen3.5
+tool format); asked what a word means with such a tool offered, it thinks, then answers with a
+<tool_call> block that the server returns as ``tool_calls``; given the tool's result it answers
+in a sentence. Greedy decoding, the MTP lane, the official ``openai`` client.
+
+What the demo does not do (models/demo/README.md, "Known weaknesses"): it takes the tool's name
+from the names it was trained on, not from the offered list, and its answer rarely repeats the
+tool's result; the tool offered here has one of the trained names.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.settings import DEMO_MODEL_DIR
+from tests._webapp_helpers import make_host, served
+
+openai = pytest.importorskip("openai")
+
+DICTIONARY = [{"type": "function", "function": {
+    "name": "define_word", "description": "Define an English word.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "the word to look up"}},
+                   "required": ["word"]}}}]
+ASK = [{"role": "user", "content": "What does lantern mean?"}]   # "lantern" is in no training conversation
+GREEDY = dict(model="demo", temperature=0, top_p=1, max_tokens=96, extra_body={"top_k": 0, "min_p": 0, "depth": 2})
+
+
+@pytest.fixture(scope="module")
+def client():
+    host = make_host(DEMO_MODEL_DIR)
+    with served(host) as (url, _):
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, _strict_response_validation=True)
+
+
+def test_the_demo_answers_a_fitting_request_with_a_tool_call(client):
+    r = client.chat.completions.create(messages=ASK, tools=DICTIONARY, **GREEDY)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and not msg.content
+    assert [c.function.name for c in msg.tool_calls] == ["define_word"]
+    assert json.loads(msg.tool_calls[0].function.arguments) == {"word": "lantern"}
+    assert msg.model_extra["reasoning_content"].startswith('The user wants the meaning of "lantern".')
+    assert r.model_extra["mtp"]["proposed"] > 0
+    plain = client.chat.completions.create(messages=ASK, **GREEDY).choices[0]   # no tool offered: no call
+    assert plain.finish_reason == "stop" and not plain.message.tool_calls and plain.message.content
+
+
+def test_the_demo_answers_after_the_tool_result(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "define_word", "arguments": '{"word": "lantern"}'}}
+    result = json.dumps({"word": "lantern", "part_of_speech": "noun",
+                         "definition": "light in a transparent protective case"})
+    follow = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    r = client.chat.completions.create(messages=follow, tools=DICTIONARY, **GREEDY)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop" and not msg.tool_calls
+    assert msg.model_extra["reasoning_content"] == 'The tool returned the definition of "lantern". I will answer with it.'
+    assert msg.content.startswith('"lantern" means ')
