@@ -52,10 +52,10 @@ class RefuseUploads:
 
 class SameHostOnly:
     """Gradio's routes answer only requests whose Host names this server (``host_allowed``)
-    and whose Origin, when sent, is the page's own: the rule that guards ``/v1`` without a key. ``/v1`` keeps
-    its own rules (a key, or this machine only); ``/health`` tells nothing."""
+    and whose Origin, when sent, is the page's own: the rule that guards ``/v1`` without a key. ``/v1`` and
+    ``/metrics`` keep their own rules (a key, or this machine only); ``/health`` tells nothing."""
 
-    def __init__(self, app, network: bool = False, exempt: Sequence[str] = ("/v1", "/health")):
+    def __init__(self, app, network: bool = False, exempt: Sequence[str] = ("/v1", "/metrics", "/health")):
         self.app, self.network, self.exempt = app, network, tuple(exempt)
 
     async def __call__(self, scope, receive, send):
