@@ -52,6 +52,7 @@ CSS = """
   border: 1px solid var(--border-color-primary); }
 .waterfall .wf-part { display: block; height: 100%; }
 .waterfall .wf-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; margin-top: 4px; }
+.waterfall .wf-wall { opacity: 0.7; margin-top: 2px; }
 .waterfall .wf-legend i { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 2px;
   margin-right: 4px; vertical-align: -0.05em; }
 .race-waterfalls { display: flex; gap: 16px; } .race-waterfalls > div { flex: 1; min-width: 0; }
@@ -98,8 +99,10 @@ WATERFALL = {
 
 def waterfall_html(parts: Dict[str, float], wall: float, lane: str) -> str:
     """A stacked bar of where one reply's time went (seconds per part) against its wall time
-    (the lane's own clock). Each part carries data-seconds; the bar, data-wall. AR has no draft
-    or acceptance, and its forward is a plain one."""
+    (the lane's own clock). The chat's sanitizer keeps classes, styles and titles but drops
+    data-* attributes, so the figures a script reads are in those: `wf-<part>` classes with
+    "label: X ms" titles, and the `.wf-wall` line. AR has no draft or acceptance, and its
+    forward is a plain one."""
     if not parts:
         return ""
     total = sum(parts.values()) or 1.0
@@ -111,12 +114,13 @@ def waterfall_html(parts: Dict[str, float], wall: float, lane: str) -> str:
         if key == "forward" and lane == "ar":
             label = "forward"
         share = 100.0 * sec / total
-        bars.append(f'<span class="wf-part" data-part="{key}" data-seconds="{sec:.6f}" '
-                    f'style="width:{share:.3f}%;background:{colour}" title="{esc(label)}: {sec * 1000:.1f} ms '
-                    f'({share:.0f} %)"></span>')
+        bars.append(f'<span class="wf-part wf-{key}" style="width:{share:.3f}%;background:{colour}" '
+                    f'title="{esc(label)}: {sec * 1000:.2f} ms ({share:.0f} %)"></span>')
         legend.append(f'<span><i style="background:{colour}"></i>{esc(label)} {sec * 1000:.0f} ms</span>')
-    return (f'<div class="waterfall" data-lane="{esc(lane)}" data-wall="{wall:.6f}" data-sum="{total:.6f}">'
-            f'<div class="wf-bar">{"".join(bars)}</div><div class="wf-legend">{"".join(legend)}</div></div>')
+    return (f'<div class="waterfall wf-lane-{esc(lane)}"><div class="wf-bar">{"".join(bars)}</div>'
+            f'<div class="wf-legend">{"".join(legend)}</div>'
+            f'<div class="wf-wall">own compute time {wall * 1000:.2f} ms; the parts add up to {total * 1000:.2f} ms</div>'
+            f'</div>')
 
 
 def esc(text: str) -> str:
