@@ -6,7 +6,8 @@ server, and loading a state from disk against prefilling the same tokens.
 
 Ten turns run as the app runs them (reply, then the history snapshot, written to disk). Then, per
 repeat and in rotating order, the eleventh turn's time to first token:
-  warm     the in-memory cache as the server holds it after turn 10 (the history snapshot);
+  warm     the in-memory cache as the server holds it after turn 10 (every snapshot, the
+           history after reply 10 included);
   restart  an empty memory cache over the folder: the history snapshot is read from disk (the
            file's pages are first dropped from the OS page cache with posix_fadvise, as after a
            reboot; `restart_page_cache` keeps them, as after a quick restart);
@@ -31,7 +32,7 @@ import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import runtime_info  # noqa: E402
 from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeDecoder, chat_prompt,  # noqa: E402
-                  history_prompt, synchronize)
+                  history_prompt, opens_thinking, split_reply, synchronize)
 from core.disk_cache import DiskCache, model_identity  # noqa: E402
 from core.stream import Prompt, cache_history, prefill  # noqa: E402
 from scripts.bench_turns import user_message  # noqa: E402
@@ -76,14 +77,17 @@ def main() -> None:
         msgs = [{"role": "system", "content": "You are a helpful assistant."}]
         for t in range(a.turns):
             msgs.append({"role": "user", "content": user_message(adapter, t, a.user_tokens)})
-            ids, _ = lane(memory).generate(chat_prompt(adapter, msgs), max_tokens=a.max_tokens)
-            msgs.append({"role": "assistant", "content": adapter.tokenizer.decode(ids)})
+            prompt = chat_prompt(adapter, msgs)
+            ids, _ = lane(memory).generate(prompt, max_tokens=a.max_tokens)
+            # the answer as the app keeps it in the history (the template drops the thinking)
+            inside = opens_thinking(adapter.tokenizer.decode(list(prompt.ids[-16:])))
+            msgs.append({"role": "assistant", "content": split_reply(adapter.tokenizer.decode(ids), inside)[1]})
             cache_history(adapter, history_prompt(adapter, msgs), memory)
         history = history_prompt(adapter, msgs)
         msgs.append({"role": "user", "content": user_message(adapter, a.turns, a.user_tokens)})
         prompt = chat_prompt(adapter, msgs)
-        warm_snap = memory.lookup(history.ids + (0,))
-        assert warm_snap is not None and warm_snap.length == len(history.ids)
+        assert memory.lookup(prompt.ids).length == len(history.ids)   # turn 11 starts after the history
+        warm_snaps = list(memory._snaps.values())
         entry = disk.longest(history.ids + (0,))
         assert entry is not None and len(entry.ids) == len(history.ids)
 
@@ -91,9 +95,10 @@ def main() -> None:
             ids, s = lane(cache).generate(prompt, max_tokens=2)
             return s, ids
 
-        def warm():
+        def warm():   # the memory cache as the server holds it after turn 10 (a copy: references)
             cache = PrefixCache(2**34)
-            cache.store(warm_snap)
+            for snap in warm_snaps:
+                cache.store(snap)
             return turn11(cache)
 
         def restart(dropped=True):
@@ -115,6 +120,7 @@ def main() -> None:
                 outputs.setdefault(name, ids)
                 cached[name] = s.cached_tokens
         assert len({tuple(v) for v in outputs.values()}) == 1, outputs   # the cache changes no token
+        assert cached["warm"] == cached["restart"] == len(history.ids), cached
 
         load, fill = [], []
         for r in range(a.repeats):

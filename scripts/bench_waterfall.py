@@ -23,16 +23,16 @@ from adapters.runtime import runtime_info  # noqa: E402
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt  # noqa: E402
 from core.waterfall import SAMPLE_EVERY  # noqa: E402
 
-PROMPTS_FILE = Path(__file__).parent / "demo_model" / "heldout_prompts.txt"
+PROMPTS_FILE = Path(__file__).parent / "demo_model" / "everyday_prompts.txt"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/demo")
-    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--depth", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
@@ -45,8 +45,10 @@ def main() -> None:
     for lane in lanes.values():
         lane.generate(prompts[0], max_tokens=32)                       # warm-up, untimed
     pooled = {(name, on): [0, 0.0] for name in lanes for on in (True, False)}
+    per_repeat = {name: [] for name in lanes}   # on/off of each repeat: the noise around the pooled figure
     sums = []
     for r in range(a.repeats):
+        mark = {k: list(v) for k, v in pooled.items()}
         for i, prompt in enumerate(prompts):
             order = (True, False) if (r + i) % 2 == 0 else (False, True)
             for name, lane in lanes.items():
@@ -60,12 +62,17 @@ def main() -> None:
                     if on:
                         sums.append(sum(s.waterfall.values()) / s.compute_seconds)
                 assert out[True] == out[False], "the timing changed a token"
+        for name in lanes:
+            tps = {on: (pooled[(name, on)][0] - mark[(name, on)][0]) / (pooled[(name, on)][1] - mark[(name, on)][1])
+                   for on in (True, False)}
+            per_repeat[name].append(tps[True] / tps[False])
     result = {}
     for name in lanes:
         on = pooled[(name, True)][0] / pooled[(name, True)][1]
         off = pooled[(name, False)][0] / pooled[(name, False)][1]
         result[name] = {"tokens_per_second_on": on, "tokens_per_second_off": off, "on_over_off": on / off,
-                        "overhead": 1 - on / off, "tokens": pooled[(name, True)][0]}
+                        "overhead": 1 - on / off, "tokens": pooled[(name, True)][0],
+                        "on_over_off_per_repeat": per_repeat[name]}
     out = {"platform": runtime_info(), "model": adapter.describe(), "depth": a.depth, "sample_every": SAMPLE_EVERY,
            "prompts": len(prompts), "repeats": a.repeats, "max_tokens": a.max_tokens, "lanes": result,
            "parts_over_compute_seconds": {"min": min(sums), "max": max(sums)},
