@@ -24,9 +24,10 @@ matched on token ids (longest stored prefix of the new prompt), never on message
 With a `DiskCache` (core/disk_cache.py) every snapshot is also written to disk (the part of each
 buffer that holds data, and the hidden), in the model's idle time when the app passes `defer`,
 and a lookup that finds a longer prefix on disk than in memory loads it: a restarted server's
-next turn prefills only its new message. Loading is cheaper than the prefill it replaces
-(docs/bench/cpu-disk-cache-demo.json: a 2.4k-token state of the demo model loads, checksum
-included, in a small fraction of the time its prefill takes).
+next turn prefills only its new message. Loading is far cheaper than the prefill it replaces
+(docs/bench/cpu-disk-cache-demo.json, demo model on a 2-core CPU: a 2,385-token state, 17.5 MB,
+loads with its checksum in 51 ms where its prefill takes 7.1 s; turn 11 after a restart starts
+in 1.25x the warm server's time to first token).
 """
 from __future__ import annotations
 
