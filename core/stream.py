@@ -221,7 +221,7 @@ class Lane:
         stats = GenerationStats(mode=self.mode, prompt_tokens=len(prompt.ids))
         clock = OwnClock()
         clock.resume()
-        wf = Waterfall(self.waterfall_every)
+        wf = self.last_waterfall = Waterfall(self.waterfall_every)   # kept for benchmarks
         steps = self._steps(prompt, max_tokens, stats, stop, wf)
         text_so_far = ""
         answer_from = None if thinking else 0

@@ -62,6 +62,12 @@ class Waterfall:
             self.sampled += 1
         self._on = False
 
+    def cycle_seconds(self):
+        """(seconds, count) of the timed cycles and of the others: what a timed cycle costs
+        more, measured inside the same replies (scripts/bench_waterfall.py)."""
+        return ((self._sampled_seconds, self.sampled),
+                (self._cycle_seconds - self._sampled_seconds, self.cycles - self.sampled))
+
     def add(self, part: str, seconds: float) -> None:
         self.direct[part] += seconds
 

@@ -6,7 +6,11 @@ in 8 synced and timed phase by phase, core/waterfall.py) and off, paired and int
 
 Greedy, so both settings decode the same tokens; per lane, decode tok/s pooled over the prompts
 and repeats (tokens after the first over decode seconds, model load and a warm-up excluded).
-The overhead is 1 - on/off. It also reports how closely the parts add up to the lane's own
+The overhead is 1 - on/off; on a shared machine that pooled ratio drifts by more than the
+effect, so the same replies also give a paired figure that does not: the timed cycles' mean
+duration against the other cycles' (interleaved, one in 8), times the share of timed cycles
+(`overhead_from_cycles`; the first cycle of every reply is a timed one, which makes it an upper
+bound: a first cycle also catches the drafter up). It also reports how closely the parts add up to the lane's own
 compute time (the figure the browser test checks within 5 %).
 """
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main() -> None:
     pooled = {(name, on): [0, 0.0] for name in lanes for on in (True, False)}
     per_repeat = {name: [] for name in lanes}   # on/off of each repeat: the noise around the pooled figure
     sums = []
+    cycles = {name: [0.0, 0, 0.0, 0] for name in lanes}   # timed cycles' seconds, count; the others'
     for r in range(a.repeats):
         mark = {k: list(v) for k, v in pooled.items()}
         for i, prompt in enumerate(prompts):
@@ -61,6 +66,9 @@ def main() -> None:
                     pooled[(name, on)][1] += s.decode_seconds
                     if on:
                         sums.append(sum(s.waterfall.values()) / s.compute_seconds)
+                        (ts, tn), (us, un) = lane.last_waterfall.cycle_seconds()
+                        cycles[name] = [cycles[name][0] + ts, cycles[name][1] + tn,
+                                        cycles[name][2] + us, cycles[name][3] + un]
                 assert out[True] == out[False], "the timing changed a token"
         for name in lanes:
             tps = {on: (pooled[(name, on)][0] - mark[(name, on)][0]) / (pooled[(name, on)][1] - mark[(name, on)][1])
@@ -73,6 +81,13 @@ def main() -> None:
         result[name] = {"tokens_per_second_on": on, "tokens_per_second_off": off, "on_over_off": on / off,
                         "overhead": 1 - on / off, "tokens": pooled[(name, True)][0],
                         "on_over_off_per_repeat": per_repeat[name]}
+        ts, tn, us, un = cycles[name]
+        # Inside the same replies, so the machine's drift cancels: a timed cycle's extra cost,
+        # paid by 1 cycle in SAMPLE_EVERY, is the overhead on the decode's cycles.
+        extra = (ts / tn) / (us / un) - 1
+        result[name].update({"timed_cycle_seconds_mean": ts / tn, "other_cycle_seconds_mean": us / un,
+                             "timed_cycles": tn, "other_cycles": un, "timed_cycle_extra": extra,
+                             "overhead_from_cycles": extra * tn / (tn + un)})
     out = {"platform": runtime_info(), "model": adapter.describe(), "depth": a.depth, "sample_every": SAMPLE_EVERY,
            "prompts": len(prompts), "repeats": a.repeats, "max_tokens": a.max_tokens, "lanes": result,
            "parts_over_compute_seconds": {"min": min(sums), "max": max(sums)},
