@@ -1,6 +1,7 @@
 """The two lanes. Same sampler, same prefill, same stopping rules; only the loop differs."""
 from __future__ import annotations
 
+import time
 from typing import Iterator, List, Tuple, Union
 
 import mlx.core as mx
@@ -11,6 +12,7 @@ from .costs import DepthPolicy, cached_costs
 from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
 from .stats import GenerationStats
 from .stream import Lane
+from .waterfall import Waterfall
 
 
 class AutoregressiveDecoder(Lane):
@@ -21,29 +23,35 @@ class AutoregressiveDecoder(Lane):
                  constraint=None):
         super().__init__(adapter, sampler, seed, prefix_cache, constraint)
 
-    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str], mx.array]]:
+    def _steps(self, prompt, max_tokens, stats, stop, wf=None) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         ad, keys, c = self.adapter, KeyStream(self.seed, active=not self.sampler.greedy), self.constraint
+        wf = wf or Waterfall(0)
 
         def sample(logits, allowed):
             # -1 marks a non-finite logit row: one value to read per step, no second sync.
             return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next(), allowed).astype(mx.int32), -1)
 
-        cache, _, done = self._prefill(prompt, stats, stop)
+        cache, _, done = self._prefill(prompt, stats, stop, wf)
         y, row = sample(done.logits, allowed_after(c)), done.logits
         mx.async_eval(y)  # the first token must not wait behind the next step
         stats.target_forwards += 1
         for n in range(1, max_tokens + 1):
+            wf.cycle()   # in a timed cycle each mark waits for its arrays; otherwise marks are free
+            wf.mark("sampling", y)
             if n < max_tokens:
                 # Queue the next step before reading this token: the host builds the
                 # graph while the device computes (as mlx_lm.generate_step does).
                 logits, _, _ = ad.forward(y[None], cache, all_logits=False)
+                wf.mark("forward", logits)
                 # A grammar's next mask needs this token on the host (the step still overlaps it).
                 next_y, next_row = sample(logits[:, -1], allowed_after(c, y)), logits[:, -1]
                 mx.async_eval(next_y)
+                wf.mark("sampling", next_y)
             token = y.item()
             check_finite(token >= 0, "target model")
             if n > 1:
                 stats.record_cycle(0, 0)
+            wf.end()
             yield [token], ["target"], row
             y, row = next_y, next_row
 
@@ -70,29 +78,36 @@ class SpeculativeDecoder(Lane):
             return self.costs
         return lambda: cached_costs(self.adapter, context)
 
-    def _steps(self, prompt, max_tokens, stats, stop) -> Iterator[Tuple[List[int], List[str], mx.array]]:
+    def _steps(self, prompt, max_tokens, stats, stop, wf=None) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         ad, sampler, keys = self.adapter, self.sampler, KeyStream(self.seed, active=not self.sampler.greedy)
         c = self.constraint  # a grammar: masks p and q alike, advances over drafts, rolls back rejections
+        wf = wf or Waterfall(0)
         policy = DepthPolicy(self.depth, self.max_depth, self.costs_at(len(prompt.ids)))
-        cache, draft, done = self._prefill(prompt, stats, stop)
+        cache, draft, done = self._prefill(prompt, stats, stop, wf)
+        t0 = time.perf_counter()
         first = sampler.sample(done.logits, keys.next(), allowed_after(c))
         check_finite(all_finite(done.logits).item(), "target model")
         stats.target_forwards += 1
         pending = first.item()
         if c is not None:
             c.advance([pending])
+        wf.add("sampling", time.perf_counter() - t0)
         yield [pending], ["target"], done.logits
         # What the head has not seen yet: the prompt's last hidden state with the first token.
         feed_h, feed_t = done.hidden, first
         produced = 1
 
         while True:
+            wf.cycle()   # in a timed cycle each mark waits for its arrays; otherwise marks are free
             stats.depth = policy.choose(stats)
             depth = min(stats.depth, max_tokens - produced - 1)
+            wf.mark("host")
             if depth <= 0:  # plain AR step: priced out, or only one token left to make
                 logits, h, _ = ad.forward(mx.array([[pending]]), cache)
+                wf.mark("forward", logits, h)
                 y = sampler.sample(logits[0], keys.next(), allowed_after(c))
                 mx.eval(y)
+                wf.mark("sampling")
                 check_finite(all_finite(logits).item(), "target model")
                 feed_h, feed_t = mx.concatenate([feed_h, h], axis=1), mx.concatenate([feed_t, y])
                 stats.record_cycle(0, 0)
@@ -100,6 +115,7 @@ class SpeculativeDecoder(Lane):
                 if c is not None:
                     c.advance([pending])
                 produced += 1
+                wf.end()
                 yield [pending], ["target"], logits[0]
                 continue
 
@@ -115,11 +131,14 @@ class SpeculativeDecoder(Lane):
                 masks.append(allowed_after(c, t))  # the next mask depends on this draft (a sync)
             drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
             mx.async_eval(drafts)  # the head computes while the verify graph is built
+            wf.mark("draft", drafts, *([] if q is None else [q[1]]))
 
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
+            wf.mark("forward", logits, vh)
             allowed = None if c is None else mx.stack(masks)  # verify row i: the mask after d1..di
             p = sampler.mask(logits[0], allowed) if sampler.greedy else sampler.support(logits[0], allowed)
+            wf.mark("sampling", *([p] if sampler.greedy else [a for a in p if a is not None]))
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
@@ -128,6 +147,7 @@ class SpeculativeDecoder(Lane):
             check_finite(ok.item(), "target model or MTP head")
             n = accepted_prefix(accepted.tolist())
             new = bonus if n == depth else corrections[n : n + 1]
+            wf.mark("acceptance")
 
             # 4. Commit: keep the verified prefix; the drafter forgets its own drafts, which it
             #    relearns next cycle from the target's hidden states.
@@ -141,6 +161,8 @@ class SpeculativeDecoder(Lane):
                 c.advance([pending])
             tokens = drafts[:n].tolist() + [pending]
             produced += len(tokens)
+            wf.mark("commit", feed_h, feed_t, *ad.state_arrays(cache, draft))
+            wf.end()
             yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, : n + 1]
 
 

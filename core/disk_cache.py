@@ -49,10 +49,15 @@ def default_dir() -> Path:
     return Path(base) / "mtp-chat" / "prefix"
 
 
+SAMPLES, SAMPLE_BYTES = 16, 4096   # per weight file: 64 KiB read, spread over its data
+
+
 def model_identity(path: Path, extra: Sequence[str] = ()) -> str:
     """A hash of what decides a snapshot's numbers: config.json, every safetensors file's header
-    (names, shapes, dtypes, offsets: a changed weight file has another header or size), the
-    tokenizer, and `extra` (the compute dtype, the engine's state format). Reads headers only."""
+    (names, shapes, dtypes, offsets) and SAMPLES blocks of its data spread over the file, the
+    tokenizer, and `extra` (the compute dtype, the engine's state format). Headers alone are not
+    enough: a fine-tune of the same base (or another seed of a test checkpoint) has the same
+    headers and sizes and different weights; a fine-tune changes nearly every block."""
     h = hashlib.sha256(FORMAT.encode())
     path = Path(path)
     for rel in sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
@@ -62,6 +67,7 @@ def model_identity(path: Path, extra: Sequence[str] = ()) -> str:
         h.update(rel.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
         if f.suffix == ".safetensors":
             h.update(_header_bytes(f))
+            h.update(_sampled_bytes(f))
         else:
             h.update(f.read_bytes())
     for e in extra:
@@ -76,6 +82,16 @@ def _header_bytes(f: Path) -> bytes:
             return raw
         (n,) = struct.unpack("<Q", raw)
         return fh.read(min(n, 100 * 2**20))
+
+
+def _sampled_bytes(f: Path) -> bytes:
+    size = f.stat().st_size
+    out = []
+    with open(f, "rb") as fh:
+        for i in range(SAMPLES):
+            fh.seek(max(0, (size - SAMPLE_BYTES) * i // max(1, SAMPLES - 1)))
+            out.append(fh.read(SAMPLE_BYTES))
+    return b"".join(out)
 
 
 def _read_metadata(f: Path) -> Dict[str, str]:
@@ -131,6 +147,7 @@ class DiskCache:
         self.ttl = float(ttl_seconds)
         self.say = say
         self.writable = True
+        self._said_too_big = False
         self._lock = threading.Lock()
         self._entries: Dict[Tuple[int, ...], Entry] = {}
         self.hits = self.misses = self.writes = self.dropped = 0
@@ -213,6 +230,10 @@ class DiskCache:
             return False
         size = sum(a.nbytes for a in arrays.values())
         if size > self.budget_bytes:
+            if not self._said_too_big:
+                self._said_too_big = True
+                self.say(f"prefix cache on disk: a snapshot of {size / 2**20:.1f} MiB is larger than the whole "
+                         f"budget ({self.budget_bytes / 2**20:.1f} MiB); such snapshots stay in memory only")
             return False
         ids_text, meta_text = _ids_text(ids), json.dumps(meta, sort_keys=True)
         checksum = _checksum(ids_text, meta_text, {k: _as_numpy(v) for k, v in arrays.items()})

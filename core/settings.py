@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     # snapshot there is ~50 MiB of Gated-DeltaNet state plus 32 KiB of attention KV a token)
     # next to the 5 GiB of 4-bit weights on a 16 GB laptop. 0 turns it off.
     prefix_cache_mb: int = Field(2048, ge=0)
+    # The prefix cache on disk (core/disk_cache.py): snapshots survive a restart. None: the user's
+    # cache folder (core.disk_cache.default_dir: $XDG_CACHE_HOME or ~/.cache, then mtp-chat/prefix);
+    # "" turns it off. The folder holds conversations' decoding state (README, "Prefix cache on
+    # disk"); `mtp-chat --clear-cache` empties it. Budget and TTL: least recently used entries go
+    # first; an entry unused for the TTL is removed at the next start (0: no TTL).
+    cache_dir: Optional[str] = None
+    disk_cache_mb: int = Field(4096, ge=0)
+    disk_cache_ttl_hours: float = Field(168.0, ge=0)
     # Caps the context below the model's own (max_position_embeddings), in tokens; None = the model's.
     max_context: Optional[int] = Field(None, ge=64)
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.

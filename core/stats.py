@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 @dataclass
@@ -27,6 +27,7 @@ class GenerationStats:
     time_to_first_token: float = 0.0
     predicted_speedup: Optional[float] = None  # cost model: tokens/cycle over cycle cost, vs AR
     finish_reason: Optional[str] = None
+    waterfall: Dict[str, float] = field(default_factory=dict)  # seconds per part (core/waterfall.py)
 
     @property
     def acceptance_rate(self) -> float:

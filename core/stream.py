@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -10,6 +11,7 @@ import mlx.core as mx
 from .logprobs import token_logprobs
 from .prefix_cache import Snapshot, marks_within
 from .stats import GenerationStats, OwnClock
+from .waterfall import SAMPLE_EVERY, Waterfall
 
 PREFILL_CHUNK = 512
 THINK_END = "</think>"
@@ -164,8 +166,11 @@ class Lane:
         self.prefix_cache = prefix_cache
         self.constraint = constraint
 
+    waterfall_every = SAMPLE_EVERY   # 1 cycle in N is timed phase by phase (core/waterfall.py); 0: off
+
     def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
-               stop: Optional[threading.Event]) -> Iterator[Tuple[List[int], List[str], mx.array]]:
+               stop: Optional[threading.Event], wf: Optional[Waterfall] = None,
+               ) -> Iterator[Tuple[List[int], List[str], mx.array]]:
         raise NotImplementedError
 
     def _make_caches(self):
@@ -174,13 +179,15 @@ class Lane:
 
     needs_head = True  # the drafter's history of the prompt; the AR lane needs it only for snapshots
 
-    def _prefill(self, prompt: Prompt, stats: GenerationStats, stop) -> Tuple[object, object, Prefilled]:
+    def _prefill(self, prompt: Prompt, stats: GenerationStats, stop, wf: Waterfall) -> Tuple[object, object, Prefilled]:
         """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
+        t0 = time.perf_counter()
         cache, draft = self._make_caches()
         if not self.needs_head and self.prefix_cache is None:
             draft = None   # nothing will read it: AR's first token does not wait for the drafter
         done = prefill(self.adapter, prompt, cache, draft, self.prefix_cache, stop)
         stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
+        wf.add("prefill", time.perf_counter() - t0)   # prefill ends with an eval: its work is done
         return cache, draft, done
 
     def generate(self, prompt_ids, max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> Tuple[List[int], GenerationStats]:
@@ -214,12 +221,13 @@ class Lane:
         stats = GenerationStats(mode=self.mode, prompt_tokens=len(prompt.ids))
         clock = OwnClock()
         clock.resume()
-        steps = self._steps(prompt, max_tokens, stats, stop)
+        wf = self.last_waterfall = Waterfall(self.waterfall_every)   # kept for benchmarks
+        steps = self._steps(prompt, max_tokens, stats, stop, wf)
         text_so_far = ""
         answer_from = None if thinking else 0
         try:
             while True:
-                rows = None
+                rows, host_from = None, time.perf_counter()
                 if stop is not None and stop.is_set():
                     reason, tokens, origins = "stopped", [], []
                 else:
@@ -228,6 +236,7 @@ class Lane:
                         reason = None
                     except PrefillStopped:
                         tokens, origins, reason = [], [], "stopped"
+                    host_from = time.perf_counter()   # from here to the pause: the host's own work
                     for i, t in enumerate(tokens):
                         if t in eos:
                             tokens, origins, reason = tokens[:i], origins[:i], "eos"
@@ -267,6 +276,8 @@ class Lane:
                 stats.compute_seconds = now
                 stats.decode_seconds = now - stats.prefill_seconds
                 stats.finish_reason = reason
+                wf.add("host", time.perf_counter() - host_from)
+                stats.waterfall = wf.parts()
                 clock.pause()
                 lps = None if logprobs is None else token_logprobs(rows, tokens, logprobs)   # [] for no tokens
                 yield StreamEvent(tokens, origins, new_text, stats, reason is not None, reason, lps)

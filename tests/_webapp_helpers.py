@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +15,8 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parent.parent
+READY = "press Ctrl+C"
 
 
 def needs_chromium() -> None:
@@ -74,3 +79,46 @@ def in_thread(fn, *args):
     t = threading.Thread(target=fn, args=args, daemon=True)
     t.start()
     return t
+
+
+class App:
+    """`python -m webapp` on a free port, its output collected line by line."""
+
+    def __init__(self, model_dir, *args, **env_vars):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name in ("MTP_CHAT_AUTH", "MTP_CHAT_API_KEY", "MTP_CHAT_LAN"):
+            env.pop(name, None)
+        env.update(env_vars)
+        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", str(model_dir), "--port",
+                                      str(self.port), "--no-warmup", *args], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self.ready.wait(120):
+            self.proc.kill()
+            raise AssertionError("the app did not start:\n" + "".join(self.lines))
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if READY in line:
+                self.ready.set()
+
+    def signal(self, sig) -> float:
+        self.mark = len(self.lines)
+        self.proc.send_signal(sig)
+        return time.perf_counter()
+
+    def wait(self, timeout=30) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def after_signal(self) -> list:
+        time.sleep(0.1)                      # the pump thread reads the last lines
+        return [line.strip() for line in self.lines[self.mark:] if line.strip()]

@@ -22,6 +22,9 @@ if str(REPO) not in sys.path:
 
 # Measured cost models go to a directory of this run (not ~/.cache), also for the servers tests start.
 os.environ.setdefault("MTP_CHAT_COSTS_DIR", tempfile.mkdtemp(prefix="mtp-chat-costs-"))
+# The prefix cache on disk is off unless a test turns it on with a folder of its own: entries left
+# by one test's server would otherwise be found by the next (tests/test_disk_restart.py).
+os.environ.setdefault("MTP_CHAT_CACHE_DIR", "")
 
 # Fast BLAS before anything imports mlx.core (importing ``adapters`` does it first thing).
 try:

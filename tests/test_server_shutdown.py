@@ -4,70 +4,21 @@ an abort), and a streaming reply ends with a message that says why."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import gradio_client
 import httpx
 import pytest
 
 from core.settings import DEMO_MODEL_DIR
-from tests._webapp_helpers import LONG_PROMPT, free_port
+from tests._webapp_helpers import LONG_PROMPT, App
 
-REPO = Path(__file__).resolve().parent.parent
-READY = "press Ctrl+C"
 
 # A hang guard, not a speed limit: whether a decode stopped within the grace shows in the log.
 HANG = 30
 
-
-
-class App:
-    """`python -m webapp` on a free port, its output collected line by line."""
-
-    def __init__(self, model_dir, *args, **env_vars):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for name in ("MTP_CHAT_AUTH", "MTP_CHAT_API_KEY", "MTP_CHAT_LAN"):
-            env.pop(name, None)
-        env.update(env_vars)
-        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", str(model_dir), "--port",
-                                      str(self.port), "--no-warmup", *args], cwd=REPO, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-        if not self.ready.wait(120):
-            self.proc.kill()
-            raise AssertionError("the app did not start:\n" + "".join(self.lines))
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if READY in line:
-                self.ready.set()
-
-    def signal(self, sig) -> float:
-        self.mark = len(self.lines)
-        self.proc.send_signal(sig)
-        return time.perf_counter()
-
-    def wait(self, timeout=30) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
-    def after_signal(self) -> list:
-        time.sleep(0.1)                      # the pump thread reads the last lines
-        return [line.strip() for line in self.lines[self.mark:] if line.strip()]
 
 
 def stream_events(url, body, started: threading.Event, out: list, headers=None):

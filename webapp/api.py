@@ -3,7 +3,9 @@ Anthropic Messages, OpenAI Responses.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``,
-``GET|HEAD /health``. Decodes go through ``host.stream`` like the UI's replies: the same model
+``GET|HEAD /health``, and ``GET /metrics``
+(Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells what the
+server decoded, which is as private as the API itself. Decodes go through ``host.stream`` like the UI's replies: the same model
 thread, the same prefix cache, one at a time (api_run.Run). Every refusal is a 4xx in the
 route's own error shape (OpenAI's, or Anthropic's on /v1/messages); a client that
 disconnects, a stop sequence or shutdown ends the decode within one cycle.
@@ -27,6 +29,7 @@ from .api_request import ApiRequest, loads, parse_chat, parse_completion
 from .api_responses import ResponseStore, ResponseWriter, parse_responses_request
 from .api_run import Ending, KeepAlive, Run, collect
 from .api_text import ReplyShaper
+from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .netinfo import hostname_of, is_loopback
 from .stops import StopRegistry
 
@@ -158,6 +161,13 @@ class OpenAIApi:
         except ApiError as exc:
             return self.refuse(request, exc)
         return JSONResponse(self.model_object())
+
+    async def metrics(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+        except ApiError as exc:
+            return self.refuse(request, exc)
+        return Response(self.host.metrics.render(), media_type=METRICS_TYPE)
 
     async def chat_completions(self, request: Request) -> Response:
         try:
@@ -319,6 +329,7 @@ class OpenAIApi:
         r.add_api_route("/health", self.health, methods=["GET", "HEAD"], include_in_schema=False)
         r.add_api_route("/v1/models", self.models, methods=["GET"], include_in_schema=False)
         r.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"], include_in_schema=False)
+        r.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
         r.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], include_in_schema=False)
         r.add_api_route("/v1/completions", self.completions, methods=["POST"], include_in_schema=False)
         r.add_api_route("/v1/messages", self.messages, methods=["POST"], include_in_schema=False)

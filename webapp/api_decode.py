@@ -44,7 +44,8 @@ class DecodeJob:
         stream = None
         try:
             stream = self.host.stream(self.mode, self.params, self.prompt, stop=self.stop, thinking=self.thinking,
-                                      constraint=self.constraint, logprobs=self.logprobs)
+                                      constraint=self.constraint, logprobs=self.logprobs,
+                                      source="api")
             for ev in stream:
                 stats = ev.stats.as_dict() if ev.finished and ev.stats is not None else None
                 self._put(Piece(ev.text, ev.finished, ev.finish_reason, stats, ev.logprobs))

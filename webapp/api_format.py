@@ -1,7 +1,8 @@
 """The JSON objects of OpenAI replies (chat and legacy completions, whole and streamed).
 
 One reply keeps one ``id`` and ``created`` on every chunk. Extension: ``mtp`` carries the
-engine's figures (tokens/s, acceptance, accepted / proposed, depth, time to first token).
+engine's figures (tokens/s, acceptance, accepted / proposed, depth, time to first token, and
+the waterfall: seconds per part of the reply's own compute time).
 """
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def figures(mode: str, depth, stats: Optional[dict]) -> dict:
             "acceptance_per_depth": [round(a, 4) for a in s.get("acceptance_per_depth") or []],
             "tokens_per_cycle": r("tokens_per_cycle", 3), "cycles": int(s.get("cycles", 0)),
             "ttft": r("time_to_first_token"), "prefill_seconds": r("prefill_seconds"),
-            "cached_tokens": int(s.get("cached_tokens") or 0), "prefilled_tokens": s.get("prefilled_tokens")}
+            "cached_tokens": int(s.get("cached_tokens") or 0), "prefilled_tokens": s.get("prefilled_tokens"),
+            # where the time went (core/waterfall.py), in seconds, and the lane's own time it adds up to
+            "waterfall": {k: round(float(v), 6) for k, v in (s.get("waterfall") or {}).items()},
+            "compute_seconds": r("compute_seconds", 6)}
 
 
 @dataclass

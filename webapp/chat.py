@@ -217,7 +217,8 @@ class ChatHandlers:
             if fitted.notice:
                 history = history + [assistant(fitted.notice, title="ℹ️ older messages left out")]
             reply = Reply(self.host.opens_thinking(fitted.prompt))
-            stream = self.host.stream(mode, params, fitted.prompt, stop=stop, thinking=reply.splitter.inside)
+            stream = self.host.stream(mode, params, fitted.prompt, stop=stop, thinking=reply.splitter.inside,
+                                      source="chat")
             last = 0.0
             for ev in stream:
                 reply.feed(ev.text, ev.finished)

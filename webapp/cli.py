@@ -43,7 +43,22 @@ def build_parser(defaults) -> argparse.ArgumentParser:
                    help="default MTP draft depth: 1..%d or 'auto' (default %%(default)s)" % defaults.max_depth)
     p.add_argument("--share", action="store_true", help="(not available offline; explains why)")
     p.add_argument("--no-warmup", action="store_true", help="skip the short warm-up generation at start")
+    p.add_argument("--clear-cache", action="store_true",
+                   help="delete the prefix cache on disk (every model's conversation states, under "
+                        "$MTP_CHAT_CACHE_DIR or the user's cache folder) and exit")
     return p
+
+
+def clear_cache(settings) -> int:
+    from core.disk_cache import clear_all, default_dir
+
+    if settings.cache_dir == "":
+        say("the prefix cache on disk is off (MTP_CHAT_CACHE_DIR is empty): nothing to clear")
+        return 0
+    root = default_dir() if settings.cache_dir is None else settings.cache_dir
+    files, nbytes = clear_all(root)
+    say(f"removed {files} prefix-cache file{'s' if files != 1 else ''} ({nbytes / 2**20:.1f} MiB) from {root}")
+    return 0
 
 
 def parse_auth(value: Optional[str]) -> Optional[Tuple[str, str]]:
@@ -84,6 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as exc:
         print(f"mtp-chat: {exc}", file=sys.stderr)
         return 2
+    if args.clear_cache:
+        return clear_cache(settings)
     if args.share:
         print(f"mtp-chat: {SHARE_NOTE}")
     host = "0.0.0.0" if settings.lan else settings.host
@@ -107,6 +124,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"mtp-chat: could not load the model from {model_dir}: {exc}", file=sys.stderr)
         return 1
     print(f"mtp-chat: model: {host_model.description}", flush=True)
+    shutdown.before_exit.append(host_model.flush_cache)
+    disk = host_model.prefix_cache.disk if host_model.prefix_cache is not None else None
+    if disk is not None:
+        d = disk.describe()
+        say(f"prefix cache on disk: {d['dir']} ({d['entries']} entries, {d['bytes'] / 2**20:.1f} MiB of "
+            f"{d['budget_bytes'] / 2**20:.0f} MiB; --clear-cache empties it)")
     if not args.no_warmup:
         print("mtp-chat: warming up ...", flush=True)
         params = parse_params(settings.temperature, settings.top_p, settings.top_k, settings.min_p,

@@ -12,6 +12,7 @@ from typing import Callable, List, Optional
 
 from .ar_reference import ArReferences, Reference
 from .calibration import Calibration
+from .metrics import Metrics
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
 
@@ -54,12 +55,37 @@ class ModelHost:
         from core import PrefixCache, context_window
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
-        self.prefix_cache = PrefixCache(mb * 2**20) if mb > 0 else None
+        self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
+                                        defer=self._in_idle_time) if mb > 0 else None
         self.context_length = context_window(adapter, getattr(settings, "max_context", None))
+        self.metrics = Metrics()
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log)
+
+    def _disk_cache(self, log: Callable[[str], None]):
+        """The prefix cache's disk store (settings cache_dir, disk_cache_mb, disk_cache_ttl_hours),
+        or None: off, or no checkpoint folder to tie the entries to."""
+        from core.disk_cache import DiskCache, default_dir, model_identity
+
+        where = getattr(self.settings, "cache_dir", "")
+        mb = int(getattr(self.settings, "disk_cache_mb", 0) or 0)
+        if where == "" or mb <= 0 or self.path is None:
+            return None
+        # Whatever decides a snapshot's numbers: the checkpoint, tokenizer, compute dtype, hidden
+        # variant and backend are all in describe(); a change of any starts a folder of its own.
+        identity = model_identity(self.path, [self.description])
+        return DiskCache(default_dir() if where is None else where, identity, mb * 2**20,
+                         float(getattr(self.settings, "disk_cache_ttl_hours", 0) or 0) * 3600, say=log)
+
+    def _in_idle_time(self, write: Callable[[], int]) -> None:
+        self.worker.in_idle_time(write() for _ in range(1))   # one slice: the writes waiting now
+
+    def flush_cache(self, timeout: float = 10.0) -> None:
+        """Write the snapshots still waiting for idle time to disk (at shutdown)."""
+        if self.prefix_cache is not None and self.prefix_cache.disk is not None:
+            self.worker.later(self.prefix_cache.spill).result(timeout)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
@@ -85,22 +111,38 @@ class ModelHost:
                                   max_depth=self.max_depth, prefix_cache=self.prefix_cache, constraint=constraint)
 
     def stream(self, mode: str, params: RunParams, prompt_ids, stop=None, stop_strings=(),
-               thinking: Optional[bool] = None, constraint=None, logprobs: Optional[int] = None) -> WorkerStream:
+               thinking: Optional[bool] = None, constraint=None, logprobs: Optional[int] = None,
+               source: str = "chat") -> WorkerStream:
         """The engine's event stream for one reply, stepped on the model thread. `prompt_ids`:
         what prompt_ids / fit return (keeps the prefix-cache marks) or plain ids; `thinking`:
         the reply starts inside a think block (None: find out from the prompt); `constraint`:
         a core.Constraint (structured output); `logprobs`: events carry their tokens'
-        log-probabilities with this many alternatives."""
+        log-probabilities with this many alternatives; `source` ("chat", "race", "api") labels
+        the decode in /metrics, counted once when it ends."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
         if mode == "mtp" and params.depth == "auto":
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
-        stream = self.worker.stream(lambda: self.decoder(mode, params, constraint).stream(
+        stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params, constraint).stream(
             prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
-            logprobs=logprobs))
+            logprobs=logprobs), params.depth, source))
         stream.stop_event = stop
         return stream
+
+    def _counted(self, events, depth, source: str):
+        """The events, and the decode counted in the metrics when it ends: at its last event, or
+        when its reader closes it early (then its finish reason is 'unknown')."""
+        stats = None
+        try:
+            for ev in events:
+                stats = ev.stats
+                yield ev
+                if ev.finished:
+                    return
+        finally:
+            if stats is not None:
+                self.metrics.observe(stats, depth=depth, source=source)
 
     def remember(self, messages: List[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> None:
         """After a reply: snapshot the conversation, reply included, as the next turn's prompt will

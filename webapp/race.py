@@ -96,6 +96,8 @@ def lane_view(key: str, title: str, lane: TimedLane, snap: Snapshot, segments, d
         last = recs[-1]
         v.finished, v.finish_reason = last.finished, last.finish_reason
         v.prefilled_tokens = last.stats.get("prefilled_tokens")
+        if last.finished:
+            v.waterfall, v.wall = last.stats.get("waterfall") or {}, last.stats.get("compute_seconds") or 0.0
         if key == "mtp":
             s = last.stats
             v.acceptance = s.get("acceptance_rate")
@@ -210,8 +212,8 @@ class RaceHandlers:
             # covers N different samples (the same seeds scripts/bench.py uses per repeat).
             run_params = replace(params, seed=params.seed + run)
             lanes[:] = [
-                TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop), record=record),
-                TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop), record=record),
+                TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop, source="race"), record=record),
+                TimedLane("mtp", self.host.stream("mtp", run_params, ids, stop=stop, source="race"), record=record),
             ]
             segs = [Segmenter(self.host.tokenizer), Segmenter(self.host.tokenizer)]
             note = (f"run {run + 1}/{n_runs}, seed {run_params.seed}; " if n_runs > 1 else "") + start_state

@@ -1,5 +1,6 @@
 """Pure rendering: race lanes (HTML with tokens coloured by origin), race stats, the
-tokens-over-time chart (inline SVG), and the per-reply stats line of the chat.
+tokens-over-time chart (inline SVG), the per-reply stats line of the chat, and the waterfall
+(a stacked bar of where a reply's time went, core/waterfall.py).
 
 Inputs are plain data; nothing here runs a model or touches Gradio.
 """
@@ -46,6 +47,16 @@ CSS = """
 .race-stats .short .figure { text-decoration: line-through dotted; opacity: 0.6; }
 .race-chart svg { width: 100%; height: auto; max-height: 300px; }
 .mtp-banner { font-size: 0.9em; opacity: 0.85; }
+.waterfall { margin: 8px 0; font-size: 0.85em; font-variant-numeric: tabular-nums; }
+.waterfall .wf-bar { display: flex; height: 18px; border-radius: 4px; overflow: hidden;
+  border: 1px solid var(--border-color-primary); }
+.waterfall .wf-part { display: block; height: 100%; }
+.waterfall .wf-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; margin-top: 4px; }
+.waterfall .wf-wall { opacity: 0.7; margin-top: 2px; }
+.waterfall .wf-legend i { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 2px;
+  margin-right: 4px; vertical-align: -0.05em; }
+.race-waterfalls { display: flex; gap: 16px; } .race-waterfalls > div { flex: 1; min-width: 0; }
+@media (max-width: 640px) { .race-waterfalls { flex-direction: column; } }
 @media (max-width: 640px) {
   .race-lane { min-height: 120px; } .race-lane .lane-text { max-height: 260px; }
   #race-lanes { flex-direction: column; }   /* phones: AR above MTP, each full width */
@@ -74,6 +85,42 @@ class LaneView:
     mtp_active: Optional[bool] = None
     prefilled_tokens: Optional[int] = None   # prompt tokens this lane ran itself (the rest: prefix cache)
     points: List[Tuple[float, int]] = field(default_factory=list)  # (own clock, tokens)
+    waterfall: Dict[str, float] = field(default_factory=dict)   # seconds per part (core/waterfall.py)
+    wall: float = 0.0             # the lane's own compute seconds when the waterfall was taken
+
+
+# waterfall part -> (colour, label); "forward" is the verify forward in the MTP lane
+WATERFALL = {
+    "prefill": ("#94a3b8", "prefill"), "draft": ("#22c55e", "draft steps"), "forward": ("#3b82f6", "verify forward"),
+    "acceptance": ("#a855f7", "acceptance"), "commit": ("#f97316", "rollback/commit"),
+    "sampling": ("#eab308", "sampling"), "host": ("#e2e8f0", "host/other"),
+}
+
+
+def waterfall_html(parts: Dict[str, float], wall: float, lane: str) -> str:
+    """A stacked bar of where one reply's time went (seconds per part) against its wall time
+    (the lane's own clock). The chat's sanitizer keeps classes, styles and titles but drops
+    data-* attributes, so the figures a script reads are in those: `wf-<part>` classes with
+    "label: X ms" titles, and the `.wf-wall` line. AR has no draft or acceptance, and its
+    forward is a plain one."""
+    if not parts:
+        return ""
+    total = sum(parts.values()) or 1.0
+    bars, legend = [], []
+    for key, (colour, label) in WATERFALL.items():
+        sec = parts.get(key, 0.0)
+        if lane == "ar" and key in ("draft", "acceptance", "commit") and not sec:
+            continue
+        if key == "forward" and lane == "ar":
+            label = "forward"
+        share = 100.0 * sec / total
+        bars.append(f'<span class="wf-part wf-{key}" style="width:{share:.3f}%;background:{colour}" '
+                    f'title="{esc(label)}: {sec * 1000:.2f} ms ({share:.0f} %)"></span>')
+        legend.append(f'<span><i style="background:{colour}"></i>{esc(label)} {sec * 1000:.0f} ms</span>')
+    return (f'<div class="waterfall wf-lane-{esc(lane)}"><div class="wf-bar">{"".join(bars)}</div>'
+            f'<div class="wf-legend">{"".join(legend)}</div>'
+            f'<div class="wf-wall">own compute time {wall * 1000:.2f} ms; the parts add up to {total * 1000:.2f} ms</div>'
+            f'</div>')
 
 
 def esc(text: str) -> str:
@@ -200,8 +247,14 @@ def race_stats_html(ar: LaneView, mtp: LaneView, speedup: Optional[float],
                      'Repeat N times gives the median and its spread.</div>')
     if note:
         lines.append(f'<div class="race-note">{esc(note)}</div>')
+    falls = ""
+    if ar.waterfall or mtp.waterfall:   # both lanes side by side: where each one's time went
+        falls = ('<div class="race-waterfalls">'
+                 + "".join(f'<div><b>{name}</b>{waterfall_html(v.waterfall, v.wall, v.key)}</div>'
+                           for name, v in (("AR", ar), ("MTP", mtp)))
+                 + "</div>")
     return (f'<div class="race-stats" id="race-stats-body">{"".join(lines)}'
-            f'<table>{head}{"".join(rows)}</table></div>')
+            f'<table>{head}{"".join(rows)}</table>{falls}</div>')
 
 
 def median(xs: Sequence[float]) -> float:
@@ -326,4 +379,7 @@ def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tu
         if stats.get("predicted_speedup"):
             details.append(f"- cost model predicts: {stats['predicted_speedup']:.2f}×")
     details.append(f"- finish: {stats.get('finish_reason')}")
+    wf = waterfall_html(stats.get("waterfall") or {}, stats.get("compute_seconds") or 0.0, mode)
+    if wf:
+        details += ["", "Where the time went:", "", wf]
     return " · ".join(bits), "\n".join(details)

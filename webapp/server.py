@@ -52,10 +52,10 @@ class RefuseUploads:
 
 class SameHostOnly:
     """Gradio's routes answer only requests whose Host names this server (``host_allowed``)
-    and whose Origin, when sent, is the page's own: the rule that guards ``/v1`` without a key. ``/v1`` keeps
-    its own rules (a key, or this machine only); ``/health`` tells nothing."""
+    and whose Origin, when sent, is the page's own: the rule that guards ``/v1`` without a key. ``/v1`` and
+    ``/metrics`` keep their own rules (a key, or this machine only); ``/health`` tells nothing."""
 
-    def __init__(self, app, network: bool = False, exempt: Sequence[str] = ("/v1", "/health")):
+    def __init__(self, app, network: bool = False, exempt: Sequence[str] = ("/v1", "/metrics", "/health")):
         self.app, self.network, self.exempt = app, network, tuple(exempt)
 
     async def __call__(self, scope, receive, send):
@@ -237,6 +237,7 @@ class Shutdown:
         self.stops = None
         self.requested = threading.Event()
         self.signal_name = ""
+        self.before_exit: list = []   # callables run after the decodes stopped (the disk cache's writes)
 
     def install(self) -> "Shutdown":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -266,6 +267,11 @@ class Shutdown:
         if stops.active():
             self.log(f"{self.signal_name}: {stops.active()} decode(s) still running after {self.grace:g} s; exiting anyway")
         time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))   # last updates go out
+        for fn in self.before_exit:
+            try:
+                fn()
+            except Exception as exc:   # noqa: BLE001 - exiting anyway; say what was lost
+                self.log(f"{self.signal_name}: {type(exc).__name__} before exit: {exc}")
         _exit(0)
 
 
