@@ -99,6 +99,7 @@ def main() -> int:
     ap.add_argument("--depth", type=int, action="append")
     ap.add_argument("--repeats", type=int, default=12, help="pairs per lane and configuration")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--lane", action="append", choices=LANES, help="default: both")
     ap.add_argument("--prompts-file")
     ap.add_argument("--json", help="write the report here (after every configuration)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -117,15 +118,16 @@ def main() -> int:
               "model": str(model), "repeats": args.repeats, "max_tokens": args.max_tokens,
               "sampler": "top_p 0.95, top_k 20; seed = repeat index, prompt = repeat index mod prompts",
               "prompts_file": args.prompts_file, "configs": []}
+    lanes = tuple(args.lane or LANES)
     t0 = time.perf_counter()
     try:
         for t, d in configs:
-            runs = {lane: {"before": [], "after": [], "same_tokens": 0} for lane in LANES}
-            for lane in LANES:  # this sampler's and depth's shapes compile outside the pairs
+            runs = {lane: {"before": [], "after": [], "same_tokens": 0} for lane in lanes}
+            for lane in lanes:  # this sampler's and depth's shapes compile outside the pairs
                 for s in sides.values():
                     s.ask(lane=lane, temperature=t, depth=d, seed=10_000, prompt=0)
             for r in range(args.repeats):
-                for i, lane in enumerate(LANES):
+                for i, lane in enumerate(lanes):
                     order = ("before", "after") if (r + i) % 2 == 0 else ("after", "before")
                     got = {s: sides[s].ask(lane=lane, temperature=t, depth=d, seed=r, prompt=r) for s in order}
                     for s in order:
