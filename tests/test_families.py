@@ -17,9 +17,8 @@ import mlx.core as mx
 import pytest
 
 from adapters import CheckpointError, load_adapter
-from core import (Adapter, AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
-                  history_prompt)
-from core.stream import cache_history, prefill
+from core import Adapter, AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt
+from tests._prefix_checks import assert_restore_equals_fresh_prefill, turns_through_the_cache
 from tests._engine_helpers import GREEDY, chi_square_pvalue, exact_joint, make_mixed_head, marginal
 
 FAMILIES = ("qwen3_5_moe", "qwen3_next")
@@ -121,51 +120,15 @@ def test_rollback_keeps_exactly_the_verified_prefix(family_adapters, family):
 
 
 # --------------------------------------------------------------------------- prefix cache
-SYSTEM = {"role": "system", "content": "You are brief."}
-TURNS = ["What is the sea?", "And the moon?", "Why?", "Thanks."]
-
-
 @pytest.mark.parametrize("family,layout", CASES, ids=IDS)
 def test_prefix_cache_changes_nothing_over_several_turns(family_adapters, family, layout):
-    ad = family_adapters(family, layout)
-    pc = PrefixCache(2**30)
-    for kind in ("ar", "mtp"):
-        msgs = [SYSTEM]
-        for turn in TURNS:
-            msgs.append({"role": "user", "content": turn})
-            prompt = chat_prompt(ad, msgs)
-            make = (lambda **kw: AutoregressiveDecoder(ad, sampler=GREEDY, **kw)) if kind == "ar" else \
-                   (lambda **kw: SpeculativeDecoder(ad, sampler=GREEDY, depth=2, **kw))
-            cached, stats = make(prefix_cache=pc).generate(prompt, max_tokens=16)
-            fresh, _ = make().generate(prompt, max_tokens=16)
-            assert cached == fresh, (kind, turn)
-            msgs.append({"role": "assistant", "content": ad.tokenizer.decode(cached)})
-            cache_history(ad, history_prompt(ad, msgs), pc)
-        assert stats.cached_tokens > 0  # the last turns came from the cache
+    stats = turns_through_the_cache(family_adapters(family, layout), depth=2)
+    assert stats.cached_tokens > 0  # the last turns came from the cache
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_restored_state_equals_a_fresh_prefill_tensor_by_tensor(family_adapters, family):
-    ad, pc = family_adapters(family, "hf"), PrefixCache(2**30)
-    first = chat_prompt(ad, [SYSTEM, {"role": "user", "content": TURNS[0]}])
-    second = chat_prompt(ad, [SYSTEM, {"role": "user", "content": TURNS[0]},
-                              {"role": "assistant", "content": "It is water."}, {"role": "user", "content": TURNS[1]}])
-
-    def state(prompt, cache_=None):
-        cache = ad.make_cache()
-        draft = ad.make_draft(cache)
-        done = prefill(ad, prompt, cache, draft, cache_)
-        return ad.snapshot(cache, draft), done
-
-    state(first, pc)
-    restored, done = state(second, pc)
-    at = done.cached_tokens
-    assert 0 < at < len(second)
-    fresh, done_fresh = state(Prompt(second.ids, tuple(sorted(set(second.marks) | {at}))))
-    assert restored.meta == fresh.meta and sorted(restored.arrays) == sorted(fresh.arrays)
-    for name in restored.arrays:
-        assert mx.array_equal(restored.valid(name), fresh.valid(name)).item(), name
-    assert mx.array_equal(done.logits, done_fresh.logits).item()
+    assert_restore_equals_fresh_prefill(family_adapters(family, "hf"))
 
 
 # --------------------------------------------------------------------------- the two layouts

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from adapters import CheckpointError, load_adapter
-from core import (AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt,
-                  history_prompt)
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
 from core.acceptance import acceptance_probability, correction_distribution
 from core.model import Adapter
 from adapters.gemma4.drafter import NEG
-from core.stream import cache_history, prefill
+from tests._prefix_checks import assert_restore_equals_fresh_prefill, turns_through_the_cache
 from tests._engine_helpers import GREEDY, chi_square_pvalue, exact_joint, marginal
 
 SIZES = ("small", "large")
@@ -209,50 +208,14 @@ def test_rollback_keeps_exactly_the_verified_prefix(gemma_adapters):
 
 
 # --------------------------------------------------------------------------- prefix cache
-SYSTEM = {"role": "system", "content": "You are brief."}
-TURNS = ["What is the sea?", "And the moon?", "Why?", "Thanks."]
-
-
 @pytest.mark.parametrize("size", SIZES)
 def test_prefix_cache_changes_nothing_over_several_turns(gemma_adapters, size):
-    ad = gemma_adapters(size)
-    pc = PrefixCache(2**30)
-    for kind in ("ar", "mtp"):
-        msgs = [SYSTEM]
-        for turn in TURNS:
-            msgs.append({"role": "user", "content": turn})
-            prompt = chat_prompt(ad, msgs)
-            make = (lambda **kw: AutoregressiveDecoder(ad, sampler=GREEDY, **kw)) if kind == "ar" else \
-                   (lambda **kw: SpeculativeDecoder(ad, sampler=GREEDY, depth=3, **kw))
-            cached, stats = make(prefix_cache=pc).generate(prompt, max_tokens=16)
-            fresh, _ = make().generate(prompt, max_tokens=16)
-            assert cached == fresh, (kind, turn)
-            msgs.append({"role": "assistant", "content": ad.tokenizer.decode(cached)})
-            cache_history(ad, history_prompt(ad, msgs), pc)
-        assert stats.cached_tokens > WINDOW  # the last turns came from the cache, past the window
+    stats = turns_through_the_cache(gemma_adapters(size), depth=3)
+    assert stats.cached_tokens > WINDOW  # the last turns came from the cache, past the window
 
 
 def test_a_restored_state_equals_a_fresh_prefill_tensor_by_tensor(gemma_adapters):
-    ad, pc = gemma_adapters("small"), PrefixCache(2**30)
-    first = chat_prompt(ad, [SYSTEM, {"role": "user", "content": TURNS[0]}])
-    second = chat_prompt(ad, [SYSTEM, {"role": "user", "content": TURNS[0]},
-                              {"role": "assistant", "content": "It is water."}, {"role": "user", "content": TURNS[1]}])
-
-    def state(prompt, cache_=None):
-        cache = ad.make_cache()
-        draft = ad.make_draft(cache)
-        done = prefill(ad, prompt, cache, draft, cache_)
-        return ad.snapshot(cache, draft), done
-
-    state(first, pc)
-    restored, done = state(second, pc)
-    at = done.cached_tokens
-    assert 0 < at < len(second)
-    fresh, done_fresh = state(Prompt(second.ids, tuple(sorted(set(second.marks) | {at}))))
-    assert restored.meta == fresh.meta and sorted(restored.arrays) == sorted(fresh.arrays)
-    for name in restored.arrays:
-        assert mx.array_equal(restored.valid(name), fresh.valid(name)).item(), name
-    assert mx.array_equal(done.logits, done_fresh.logits).item()
+    assert_restore_equals_fresh_prefill(gemma_adapters("small"))
 
 
 # --------------------------------------------------------------------------- refusals
