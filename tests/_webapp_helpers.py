@@ -122,3 +122,23 @@ class App:
     def after_signal(self) -> list:
         time.sleep(0.1)                      # the pump thread reads the last lines
         return [line.strip() for line in self.lines[self.mark:] if line.strip()]
+
+
+def two_turn_api_conversation(host, depth: int) -> None:
+    """One conversation through the official openai client on a served host: a greedy first turn,
+    a sampled streamed second turn that starts from the first one's cached state."""
+    import openai
+
+    with served(host) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "What is the sea?"}]
+        first = client.chat.completions.create(model=client.models.list().data[0].id, messages=msgs, max_tokens=12,
+                                               temperature=0, extra_body={"mode": "mtp", "depth": depth})
+        text = first.choices[0].message.content
+        assert text and first.usage.completion_tokens > 0
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "And the moon?"}]
+        stream = client.chat.completions.create(model=first.model, messages=msgs, max_tokens=12, temperature=0.6,
+                                                stream=True, extra_body={"mode": "mtp", "depth": 2})
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(pieces)
+    assert host.prefix_cache.hits > 0  # the second turn reused the first one's state

@@ -306,24 +306,9 @@ def test_the_start_up_banner_names_the_family_and_the_backend(tiny_checkpoint, f
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_api_conversation(tiny_checkpoint, family):
-    import openai
+    from tests._webapp_helpers import make_host, two_turn_api_conversation
 
-    from tests._webapp_helpers import make_host, served
-
-    host = make_host(make_mixed_head(tiny_checkpoint(fresh=True, family=family, **OPTS)))
-    with served(host) as (url, _):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        msgs = [{"role": "user", "content": "What is the sea?"}]
-        first = client.chat.completions.create(model=client.models.list().data[0].id, messages=msgs, max_tokens=12,
-                                               temperature=0, extra_body={"mode": "mtp", "depth": 2})
-        text = first.choices[0].message.content
-        assert text and first.usage.completion_tokens > 0
-        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "And the moon?"}]
-        stream = client.chat.completions.create(model=first.model, messages=msgs, max_tokens=12, temperature=0.6,
-                                                stream=True, extra_body={"mode": "mtp", "depth": 2})
-        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
-        assert "".join(pieces)
-    assert host.prefix_cache.hits > 0  # the second turn reused the first one's state
+    two_turn_api_conversation(make_host(make_mixed_head(tiny_checkpoint(fresh=True, family=family, **OPTS))), depth=2)
 
 
 # --------------------------------------------------------------------------- attach-head
