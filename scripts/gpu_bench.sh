@@ -4,6 +4,10 @@
 #   bash scripts/gpu_bench.sh [OUT_DIR]            # default artifacts/gpu_bench
 #
 # Builds the Qwythos-9B-shape random checkpoint (4-bit g64, bf16; once, in $CKPT), then
+#   exact  scripts/gpu_exact.py on the 9B shape: greedy MTP == AR over 512 tokens at depths 1-3 on 4
+#          prompts, through the prefix cache, a sampled chi-square, the verify's cost with the
+#          row-invariant attention on and off at 64 / 2k / 8k / 32k tokens of context
+#   exact_demo  the same on the bundled demo model (trained weights: drafts are accepted)
 #   check  scripts/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
 #   d1 d2 d3  scripts/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
@@ -23,20 +27,23 @@ cd "$(dirname "$0")/.."
 OUT=${1:-artifacts/gpu_bench}
 CKPT=${CKPT:-/tmp/mtp_chat_q9b}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-check d1 d2 d3 base demo nan report}
+STAGES=${STAGES:-exact exact_demo check d1 d2 d3 base demo nan report}
 CKPT_MOE=${CKPT_MOE:-/tmp/mtp_chat_q35a3b}
 CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact ]]; then
   $PY scripts/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
 bench() { run $PY scripts/bench.py "$@" 2>&1 | grep -v "regex pattern" | tail -n 25; }
 for stage in $STAGES; do
   case $stage in
+    exact) run $PY scripts/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" \
+             --context 64 --context 2048 --context 8192 --context 32768 ;;
+    exact_demo) run $PY scripts/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
     check) run $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
     d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;
     base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;

@@ -117,6 +117,12 @@ class MlxOps:
     def sdpa(self, q, k, v, scale, mask, cache):
         if self.cpu_attention and isinstance(mask, (str, type(None))):
             return cpu_attention.attention(q, k, v, scale)
+        if self.row_invariant:
+            return row_invariant_sdpa(self._sdpa, q, k, v, scale, mask, cache)
+        return self._sdpa(q, k, v, scale, mask, cache)
+
+    @staticmethod
+    def _sdpa(q, k, v, scale, mask, cache):
         return scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask=mask)
 
     def lm_head(self, module, tied: bool, x):
@@ -257,7 +263,7 @@ class GpuKernels(MlxOps):
     """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence)."""
 
     def __init__(self, backend: str):
-        super().__init__()
+        super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
 
     def linear(self, m, x):
@@ -273,6 +279,24 @@ class GpuKernels(MlxOps):
             # One launch for all positions, a separate fp32 buffer per state.
             return gdn.gated_delta_steps(q, k, v, g, beta, state, backend=self.backend)
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
+
+
+
+def row_invariant_sdpa(sdpa, q, k, v, scale, mask, cache):
+    """Attention of L queries computed as L one-query attentions, each over exactly the keys the
+    one-token decode step at that position sees.
+
+    Why: MLX's GPU attention over L > 1 queries reduces in another order than over one (on the
+    H200 the first differing layer of a 3-token verify vs 3 decode steps was always a full-attention
+    layer, max |d| 1e-3 to 3e-2 in bf16), so greedy MTP left AR's text after 38-55 tokens. The
+    other ops of a verify (the row kernels, the recurrence, norms, RoPE) already compute each row
+    as the decode step does. This costs L-1 more launches per attention layer."""
+    L = q.shape[2]
+    if L == 1 or cache is None:
+        return sdpa(q, k, v, scale, mask, cache)
+    S = k.shape[2]
+    return mx.concatenate([sdpa(q[:, :, i:i + 1], k[:, :, :S - L + i + 1], v[:, :, :S - L + i + 1], scale, None, cache)
+                           for i in range(L)], axis=2)
 
 
 class Backend:
@@ -318,5 +342,6 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         if why is None:
             return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps())
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
-        return Backend("mlx", MlxOps(), MlxOps(), note=f"{kb} kernels failed their check: {why}")
-    return Backend("mlx", MlxOps(), MlxOps())
+        return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
+    on_gpu = device == mx.gpu  # MLX's GPU attention over several queries is not row-invariant
+    return Backend("mlx", MlxOps(row_invariant=on_gpu), MlxOps())
