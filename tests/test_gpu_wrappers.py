@@ -168,6 +168,47 @@ def test_a_failed_kernel_check_falls_back_and_says_so(monkeypatch):
     assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, gpu_kernels=False).name == "mlx"
 
 
+def test_every_gpu_few_runner_attends_row_by_row(monkeypatch):
+    """On a GPU a verify's attention must compute each row as the decode step does (issue 20):
+    whichever backend is chosen there, its few-token runner is row-invariant; the CPU's are not
+    asked to be (greedy parity holds there without it) and prefill never is."""
+    monkeypatch.setattr(backends, "_verdict", lambda backend: None)
+    for kw in (dict(cuda=True), dict(cuda=True, gpu_kernels=False), dict(cuda=False)):
+        b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, **kw)
+        assert b.few.row_invariant and not b.long.row_invariant, (kw, b.name)
+    monkeypatch.setattr(backends, "_verdict", lambda backend: "it broke")
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, log=lambda m: None)
+    assert b.name == "mlx" and b.few.row_invariant
+    for dtype in ("float32", "native"):
+        assert not backends.choose(dtype, [nn.RoPE(8)], device=mx.cpu).few.row_invariant
+
+
+@pytest.mark.parametrize("L", [2, 3, 5])
+def test_row_invariant_attention_is_the_decode_steps_attention(L):
+    """Row i of an L-query attention is bit for bit the one-query attention over the keys up to
+    its own position, as the decode step at that position computes it."""
+    kq, kk, kv = mx.random.split(mx.random.key(3), 3)
+    S, H, KV, D = 37, 8, 2, 64
+    q = mx.random.normal((1, H, L, D), key=kq).astype(BF)
+    k = mx.random.normal((1, KV, S, D), key=kk).astype(BF)
+    v = mx.random.normal((1, KV, S, D), key=kv).astype(BF)
+    calls = []
+
+    def sdpa(q, k, v, scale, mask, cache):
+        calls.append((q.shape[2], k.shape[2], mask))
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    out = backends.row_invariant_sdpa(sdpa, q, k, v, 0.125, "causal", cache=object())
+    assert calls == [(1, S - L + i + 1, None) for i in range(L)]
+    for i in range(L):
+        n = S - L + i + 1
+        step = mx.fast.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], scale=0.125)
+        assert mx.array_equal(out[:, :, i:i + 1], step).item(), i
+    calls.clear()
+    one = backends.row_invariant_sdpa(sdpa, q[:, :, :1], k, v, 0.125, None, cache=object())
+    assert calls == [(1, S, None)] and one.shape == (1, H, 1, D)
+
+
 def test_metal_self_check_fails_cleanly_without_a_gpu():
     why = kernels.self_check("metal")
     assert isinstance(why, str) and why

@@ -63,8 +63,9 @@ _recurrence = mx.compile(gdn.recurrence)  # a verify's positions as one graph, e
 class MlxOps:
     """MLX's own ops, run eagerly: the same ops in the same order as mlx-lm's modules."""
 
-    def __init__(self, cpu_attention: bool = False):
+    def __init__(self, cpu_attention: bool = False, row_invariant: bool = False):
         self.cpu_attention = cpu_attention  # long forwards on the CPU: kernels/cpu_attention.py
+        self.row_invariant = row_invariant  # a GPU's few-token runner: see row_invariant_sdpa
 
     # -- primitives ---------------------------------------------------------------------
     def linear(self, m, x):
