@@ -176,7 +176,8 @@ class OpenAIApi:
             constraint = await self.constraint(req)
         except ApiError as exc:
             return self.refuse(request, exc)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
         reply = Reply("chat", self.config.model_id)
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, id=reply.id)
         return await self.respond(request, run, reply)
@@ -203,7 +204,8 @@ class OpenAIApi:
             constraint = await self.constraint(req)
         except ApiError as exc:
             return self.refuse(request, exc, anthropic_error)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
         writer = MessageWriter(self.config.model_id, len(prompt))
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
         if req.stream:
@@ -227,7 +229,8 @@ class OpenAIApi:
             constraint = await self.constraint(req)
         except ApiError as exc:
             return self.refuse(request, exc)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
         writer = ResponseWriter(self.config.model_id, req, self.responses)
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
         if req.stream:

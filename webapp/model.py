@@ -52,7 +52,7 @@ class ModelHost:
             self.description = str(self.path or "model")
         self.max_depth = int(settings.max_depth)
         self.ar_references = ArReferences()
-        from core import PrefixCache, context_window
+        from core import PrefixCache, context_window, markers_for
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
         self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
@@ -61,6 +61,7 @@ class ModelHost:
         self.metrics = Metrics()
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
+        self.reasoning = markers_for(template)   # <think> ... </think>, or Gemma 4's thought channel
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log)
 
@@ -126,7 +127,7 @@ class ModelHost:
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
         stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params, constraint).stream(
             prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
-            logprobs=logprobs), params.depth, source))
+            logprobs=logprobs, think_end=self.reasoning.close), params.depth, source))
         stream.stop_event = stop
         return stream
 
@@ -193,7 +194,7 @@ class ModelHost:
         from core import opens_thinking
 
         ids = list(getattr(prompt_ids, "ids", prompt_ids))
-        return self.has_thinking and opens_thinking(self.tokenizer.decode(ids[-16:]))
+        return self.has_thinking and opens_thinking(self.tokenizer.decode(ids[-16:]), self.reasoning)
 
     def fit(self, messages: List[dict], max_tokens: int, *, trim: bool = True, tools=None,
             enable_thinking: Optional[bool] = None):
