@@ -30,8 +30,9 @@ disagrees falls back to "mlx", saying so.
 from __future__ import annotations
 
 import sys
+import time
 from functools import lru_cache
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,7 +40,7 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask, scaled_dot_product_attention
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 
-from .. import kernels
+from .. import kernel_cache, kernels
 from ..kernels import cpu_attention, cuda_qmm, gdn
 from . import layers
 from .layers import AttnParams, GdnParams, _const
@@ -324,6 +325,24 @@ def _verdict(backend: str) -> Optional[str]:
     return kernels.self_check(backend)
 
 
+_checked_once: set = set()
+
+
+def _checked(backend: str) -> Tuple[Optional[str], str]:
+    """The kernels' self-check (once a process) and what to say of it: how long it took and
+    whether it compiled (MLX CUDA keeps compiled kernels in adapters/kernel_cache.py's folder)."""
+    if backend in _checked_once:
+        return _verdict(backend), f"{backend} kernels checked earlier in this process"
+    folder = kernel_cache.folder() if backend == "cuda" else None
+    before, t0 = kernel_cache.entries(folder), time.perf_counter()
+    why = _verdict(backend)
+    seconds, compiled = time.perf_counter() - t0, kernel_cache.entries(folder) - before
+    _checked_once.add(backend)
+    where = f" (compiled kernels kept in {folder})" if folder else ""
+    how = f"compiled {compiled} kernel(s) and checked them" if compiled > 0 else "checked"
+    return why, f"{backend} kernels {how} in {seconds:.1f} s{where}"
+
+
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
            device=None, cuda: Optional[bool] = None, log=None) -> Backend:
     """The backend for a model whose attention layers use `ropes`, decided once at load."""
@@ -339,9 +358,9 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         return Backend("mlx", long, long, note=f"compiled CPU path off: {why}")
     kb = kernel_backend(device, cuda, gpu_kernels)
     if kb is not None:
-        why = _verdict(kb)
+        why, said = _checked(kb)
         if why is None:
-            return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps())
+            return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps(), note=said)
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
     on_gpu = device == mx.gpu  # MLX's GPU attention over several queries is not row-invariant
