@@ -369,3 +369,32 @@ def test_gemma4s_thought_channel_is_reasoning(tiny_checkpoint):
         assert (reply.reasoning.strip(), reply.answer) == ("First, the sky.", "It is blue."), cut
     eos = set(tok.eos_token_ids)
     assert tok.encode("<turn|>", add_special_tokens=False)[0] in eos    # a turn's end stops the reply
+
+
+def test_sliding_layers_hold_the_window_not_the_context(gemma_adapters):
+    """A sliding-window layer's cache holds at most the window plus one block (adapters/gemma4/
+    sliding.py), gives the logits a whole-context cache gives, and still drops any rejected
+    suffix after it has slid."""
+    from mlx_lm.models.cache import KVCache
+
+    from adapters.gemma4.sliding import SlidingKVCache
+
+    ad = gemma_adapters("small")
+    ids = [(7 * i + 3) % 500 for i in range(300)]
+    sliding, whole = ad.make_cache(), [KVCache() for _ in range(ad.n_cache)]
+    kinds = ad.args.layer_types[: ad.n_cache]
+    assert [isinstance(c, SlidingKVCache) for c in sliding] == [k == "sliding_attention" for k in kinds]
+    for chunk in ([ids[:100]] + [ids[i:i + 1] for i in range(100, 200)] + [ids[200:204]]):
+        a, _, _ = ad.forward(mx.array([chunk]), sliding)
+        b, _, _ = ad.forward(mx.array([chunk]), whole)
+        assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()
+    for c in sliding:
+        if isinstance(c, SlidingKVCache):
+            assert c.start > 0 and c.held <= WINDOW + c.every and c.offset == 204
+    # a verify of 4 after the slide, rolled back to 1: the same as decoding that one token
+    _, _, cap = ad.forward(mx.array([[9, 8, 7, 6]]), sliding, capture=True)
+    ad.rollback(sliding, cap, keep=1)
+    _ = ad.forward(mx.array([[9]]), whole)
+    a, _, _ = ad.forward(mx.array([[11]]), sliding)
+    b, _, _ = ad.forward(mx.array([[11]]), whole)
+    assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()
