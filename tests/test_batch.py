@@ -140,11 +140,12 @@ def test_cancel_removes_only_that_sequence_within_one_step(mixed_adapter):
     assert len(out[2]) < 30
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [2])
 def test_sampled_batched_sequences_follow_the_exact_distribution(sure_adapter, depth):
     """Four sequences per batch (two prompts, two samplers), many batches with distinct seeds;
     per sequence slot, the joint of tokens 2-3 (the first cycle's drafts/corrections) against
-    the exact distribution by enumeration."""
+    the exact distribution by enumeration. Depth 2 only (two drafts: every acceptance branch a
+    cycle has; the greedy tests cover depths 1-3): the suite's time on a 2-core CI host."""
     slots = [([11, 12, 13], SamplerConfig(temperature=1.0, top_p=1.0, top_k=4)),
              ([40, 41], SamplerConfig(temperature=0.8, top_p=0.9, top_k=5)),
              ([11, 12, 13], SamplerConfig(temperature=0.8, top_p=0.9, top_k=5)),
