@@ -34,9 +34,9 @@ def url():
         yield url
 
 
-def chat_model(url, mode):
+def chat_model(url, mode, max_tokens=96):
     return langchain_openai.ChatOpenAI(base_url=url + "/v1", api_key="unused", model="demo", temperature=0.6,
-                                       max_retries=0, max_tokens=96, extra_body={"mode": mode})
+                                       max_retries=0, max_tokens=max_tokens, extra_body={"mode": mode})
 
 
 @pytest.mark.parametrize("mode", ["mtp", "ar"])
@@ -59,11 +59,12 @@ def test_langchain_json_mode_gives_a_json_object_whenever_the_reply_ends(url, mo
     keys to 32 characters and strings to 64 (a Lark grammar) still ended 13 of 20, again all
     `{}`: the model adds pairs until the budget runs out. Only bounds that would cut real
     models' JSON short could make 50 of 50 end, so none is imposed: every reply that ends is
-    an object that parses, and every other one was cut by max_tokens."""
+    an object that parses, and every other one was cut by max_tokens. Run at 48 tokens: the
+    replies that end do so within a few tokens, and the ones that do not cost half as much."""
     import openai
 
     schema = {"title": "Person", "type": "object", "properties": {"name": {"type": "string"}}}
-    structured = chat_model(url, mode).with_structured_output(schema, method="json_mode")
+    structured = chat_model(url, mode, max_tokens=48).with_structured_output(schema, method="json_mode")
     ended = 0
     for _ in range(RUNS):
         try:
