@@ -84,13 +84,15 @@ class Sequence:
     # -- the decisions of one step, on this sequence alone ---------------------------------------
     def take_ar(self, logits: mx.array, hidden: mx.array) -> None:
         """logits [1, V], hidden [1, 1, H] of the pending token: sample the next one."""
-        y = self.sampler.sample(logits, self.keys.next(), allowed_after(self.constraint))
-        check_finite(all_finite(logits).item(), "target model")
+        # -1 marks a non-finite row: one value read per step, as the AR lane does (core/decoders.py)
+        y = mx.where(all_finite(logits),
+                     self.sampler.sample(logits, self.keys.next(), allowed_after(self.constraint)).astype(mx.int32), -1)
+        token = y.item()
+        check_finite(token >= 0, "target model")
         if self.mode == "mtp":
             self.feed_h = mx.concatenate([self.feed_h, hidden], axis=1)
-            self.feed_t = mx.concatenate([self.feed_t, y])
+            self.feed_t = mx.concatenate([self.feed_t, y.astype(self.feed_t.dtype)])
         self.stats.record_cycle(0, 0)
-        token = y.item()
         if self.constraint is not None:
             self.constraint.advance([token])
         self._emit([token], ["target"], logits)

@@ -22,7 +22,6 @@ class Markers:
 
 THINK = Markers("<think>", "</think>")                      # Qwen, DeepSeek and most others
 THOUGHT_CHANNEL = Markers("<|channel>thought", "<channel|>")  # Gemma 4
-OPEN, CLOSE = THINK.open, THINK.close
 
 
 def markers_for(chat_template: Optional[str]) -> Markers:
