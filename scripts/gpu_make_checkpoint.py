@@ -119,8 +119,9 @@ def build_moe(out: str, shape: str, bits: int = 4, group_size: int = 64, dtype: 
     key = mx.random.key(0)
     for name, value in tree_flatten(model.parameters()):
         key, sub = mx.random.split(key)
-        model.update(tree_unflatten([(name, _device_init(name, value.shape, sub, tdt))]))
-        mx.eval(model.parameters())
+        v = _device_init(name, value.shape, sub, tdt)
+        mx.eval(v)  # this tensor only: evaluating model.parameters() here would also make every
+        model.update(tree_unflatten([(name, v)]))  # still-lazy fp32 init (140 GB at 35B)
     with contextlib.redirect_stdout(io.StringIO()):
         model, config = quantize_model(model, config, group_size, bits, mode="affine")
     mx.eval(model.parameters())

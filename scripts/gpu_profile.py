@@ -3,17 +3,17 @@
 
     python scripts/gpu_profile.py --model /tmp/q9b --json out/profile.json [--tokens 128]
 
-Why: with the CUDA kernels on, the AR lane ran at 0.74-0.75x mlx_lm.stream_generate at the 9B
-shape, and at 1.04x with them off, while a verify of 2-4 rows cost less with them (issue 20).
+Why: with the CUDA row kernel, the AR lane ran at 0.74-0.82x mlx_lm.stream_generate at the 9B
+shape (issue 20); this found the row kernel slower than MLX's own matmul for a decode step.
 Each variant replaces the few runner (`adapter.backend.few`), so prefill, sampling and the lanes
 stay the same:
 
-    kernels   as loaded (cuda-kernels: row kernel for quantized linears, one-launch recurrence)
-    no-qmm    MLX's quantized matmul instead of the row kernel (the recurrence kernel kept)
-    no-gdn    MLX's recurrence ops instead of the recurrence kernel (the row kernel kept)
+    default   as loaded (cuda-kernels: MLX's quantized matmul at most 4 rows a call, the
+              one-launch recurrence kernel)
+    row-kernel  the adapter's row kernel for quantized linears of 1-8 rows (the default before
+              this profile)
+    no-gdn    MLX's recurrence ops instead of the recurrence kernel
     mlx       MLX's own ops (what the backend falls back to; row-invariant attention kept)
-    qmm1      MLX's qmv for a single row, the row kernel for 2-8 rows (a decode step and a
-              verify's rows then differ: greedy parity is reported, not assumed)
     compiled  each layer one compiled function (backends.CpuCompiled's, fewer launches), MLX's
               quantized matmul, row-invariant attention
     compiled-kernels  the same with the row kernel and the recurrence kernel inside
@@ -53,18 +53,6 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
-class Qmm1(backends.GpuKernels):
-    """MLX's qmv for one row, the row kernel for 2-8 rows."""
-
-    def linear(self, m, x):
-        return m(x) if x.shape[-2] == 1 else super().linear(m, x)
-
-    def lm_head(self, module, tied, x):
-        if x.shape[-2] == 1:
-            return backends.MlxOps.lm_head(self, module, tied, x)
-        return super().lm_head(module, tied, x)
-
-
 class Compiled(backends.CpuCompiled):
     """The compiled per-layer runner (fewer launches: MLX fuses each layer's elementwise ops),
     with MLX's quantized matmul, the recurrence as ops and the row-invariant attention."""
@@ -92,13 +80,10 @@ class CompiledKernels(Compiled):
 def variants(loaded, ad):
     kind = getattr(loaded, "backend", "cuda")
     rope = next(l.self_attn.rope for l in ad.inner.layers if not l.is_linear)
-    no_qmm = backends.GpuKernels(kind)
-    no_qmm.linear = lambda m, x: m(x)
-    no_qmm.lm_head = lambda module, tied, x: backends.MlxOps.lm_head(no_qmm, module, tied, x)
     no_gdn = backends.GpuKernels(kind)
     no_gdn.recurrence = lambda *a: backends.MlxOps.recurrence(no_gdn, *a)
-    return {"kernels": loaded, "no-qmm": no_qmm, "no-gdn": no_gdn,
-            "mlx": backends.MlxOps(row_invariant=True), "qmm1": Qmm1(kind),
+    return {"default": loaded, "row-kernel": backends.GpuKernels(kind, row_kernel=True), "no-gdn": no_gdn,
+            "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
 
@@ -178,7 +163,7 @@ def main(argv=None) -> int:
         log(f"{name}: " + json.dumps(row))
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=2))
-    ad.backend.few = all_variants["kernels"]
+    ad.backend.few = all_variants["default"]
     return 0
 
 

@@ -135,20 +135,45 @@ def test_cuda_runner_takes_the_kernel_only_where_it_applies_and_leaves_the_model
     lin, emb = _quantized_linear(), nn.QuantizedEmbedding(64, 256, group_size=64, bits=4)
     emb.set_dtype(BF)
     before = [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]]
-    run = backends.GpuKernels("cuda")
     x = mx.random.normal((1, 3, 256)).astype(BF)
     stock = lin(x)  # the module itself: MLX's own path, what mlx_lm.stream_generate runs
     assert calls == [] and bool(mx.any(stock != 0))
+    # By default (measured faster) the row kernel is not used: MLX's own matmul, as mlx_lm's.
+    plain = backends.GpuKernels("cuda")
+    assert bool(mx.array_equal(plain.linear(lin, x), stock)) and calls == []
+    run = backends.GpuKernels("cuda", row_kernel=True)
     assert bool(mx.all(run.linear(lin, x) == 0)) and calls == [(1, 3, 256)]
     assert bool(mx.all(run.lm_head(emb, True, x) == 0)) and len(calls) == 2  # the tied output projection
     np.testing.assert_array_equal(np.array(run.linear(lin, mx.zeros((9, 256), BF)).astype(mx.float32)), 0)
-    assert len(calls) == 2  # 9 rows: MLX's path
+    assert len(calls) == 2  # 9 rows: wider than the kernel, MLX's path
     lin.set_dtype(mx.float32)
     run.linear(lin, x.astype(mx.float32))
     assert len(calls) == 2  # fp32: MLX's path
-    assert backends.GpuKernels("metal").linear(lin, x.astype(mx.float32)) is not None and len(calls) == 2  # Metal: MLX's matvec
+    assert not backends.GpuKernels("metal", row_kernel=True).row_kernel  # Metal: MLX's matvec
     assert [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]] == before
     assert bool(mx.any(lin(x.astype(mx.float32)) != 0))  # nothing retyped: the model is as mlx-lm made it
+
+
+def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
+    """MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one row; wider
+    inputs (a depth-4+ verify, a batch) go in slices of 4 so each row stays the decode step's."""
+    seen = []
+
+    def module(x):
+        seen.append(x.shape)
+        return mx.concatenate([x, -x], axis=-1)
+
+    run = backends.GpuKernels("cuda")
+    for shape, calls in [((1, 1, 8), [(1, 1, 8)]), ((1, 4, 8), [(1, 4, 8)]),
+                         ((1, 9, 8), [(4, 8), (4, 8), (1, 8)]), ((3, 2, 8), [(4, 8), (2, 8)])]:
+        seen.clear()
+        x = mx.random.normal(shape)
+        y = run.linear(module, x)
+        assert seen == calls, shape
+        assert bool(mx.array_equal(y, mx.concatenate([x, -x], axis=-1)))
+    seen.clear()
+    backends.GpuKernels("metal").linear(module, mx.zeros((1, 9, 8)))
+    assert seen == [(1, 9, 8)]  # Metal: MLX's matvec, unsliced
 
 
 def test_few_and_long_runners():

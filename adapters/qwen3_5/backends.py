@@ -17,9 +17,10 @@ attention) and runs each layer with them. The backends:
   that share an input into one matmul was measured slower: OpenBLAS's 3-row products cost twice
   the 2-row ones, and more so for wide matrices.) Long forwards go through "mlx" with the CPU
   prefill attention (kernels/cpu_attention.py).
-- "cuda-kernels": the few runner sends quantized linears with 1-8 rows through the CUDA matmul
-  kernel and the Gated-DeltaNet recurrence of up to 8 positions through one kernel launch;
-  prefill stays on MLX's own path. mlx-lm's model object is not touched, so
+- "cuda-kernels": the few runner sends the Gated-DeltaNet recurrence of up to 8 positions
+  through one kernel launch, and quantized linears through MLX's own matmul at most 4 rows a
+  call (row-invariant; the adapter's row kernel, kernels/cuda_qmm.py, measured slower, is off
+  unless asked); prefill stays on MLX's own path. mlx-lm's model object is not touched, so
   mlx_lm.stream_generate on the same weights keeps MLX's path (benchmarks against stock mlx-lm
   stay honest).
 - "metal-kernels": the recurrence kernel only (MLX's Metal matvec is already good).
@@ -306,20 +307,40 @@ class CpuCompiledBatch(CpuCompiled):
         return out[0], out[1], [out[2]], None
 
 
-class GpuKernels(MlxOps):
-    """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence)."""
+QMV_ROWS = 4  # MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one
 
-    def __init__(self, backend: str):
+
+class GpuKernels(MlxOps):
+    """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence).
+
+    Quantized linears on CUDA go through MLX's own matmul, at most QMV_ROWS rows a call, so a
+    verify's row is the decode step's row bit for bit (greedy MTP == AR) and a decode step is
+    mlx_lm's. The adapter's row kernel (kernels/cuda_qmm.py, `row_kernel=True`) is row-invariant
+    too but measured slower at the 9B shape on an H200: a decode step 21.0 ms vs 13.2 ms, AR
+    0.82x mlx_lm vs 1.21x (docs/bench/2026-12-01/GPU.md, scripts/gpu_profile.py)."""
+
+    def __init__(self, backend: str, row_kernel: bool = False):
         super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
+        self.row_kernel = row_kernel and backend == "cuda"
 
     def linear(self, m, x):
-        y = cuda_qmm.linear_rows(m, x) if self.backend == "cuda" else None
-        return m(x) if y is None else y
+        return self._rows(m, x, m)
 
     def lm_head(self, module, tied: bool, x):
-        y = cuda_qmm.linear_rows(module, x) if self.backend == "cuda" else None
-        return super().lm_head(module, tied, x) if y is None else y
+        return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
+
+    def _rows(self, module, x, plain):
+        if self.row_kernel:
+            y = cuda_qmm.linear_rows(module, x)
+            if y is not None:
+                return y
+        rows = x.size // x.shape[-1]
+        if self.backend != "cuda" or rows <= QMV_ROWS:
+            return plain(x)
+        flat = x.reshape(rows, x.shape[-1])
+        y = mx.concatenate([plain(flat[i:i + QMV_ROWS]) for i in range(0, rows, QMV_ROWS)])
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         if mask is None and gdn.gdn_supported(q.shape, v.shape, state.dtype):
