@@ -334,6 +334,7 @@ def main(argv=None) -> int:
     if args.quantum is not None:
         race.quantum = args.quantum
     rows, detail = [], []
+    git = git_commit()    # the code that runs: read before, not after, the minutes of measuring
     t_start, load_all = time.perf_counter(), HostLoad()
     loadavg0 = os.getloadavg()
     for p in prompts:
@@ -363,7 +364,7 @@ def main(argv=None) -> int:
     overall["prompts_within_tolerance"] = sum(r["ok"] for r in rows)
     overall["all_within_tolerance"] = all(r["ok"] for r in rows) and within(overall["race_vs_bench"])
     report = {"what": "race vs alone vs paired benchmark, per prompt, interleaved (scripts/bench_race.py)",
-              "git": git_commit(), "platform": runtime_info(),
+              "git": git, "platform": runtime_info(),
               "model": {"path": str(args.model), "describe": host.description, "weights_sha256_16": model_digest(args.model)},
               "params": params.as_dict(), "repeats": args.repeats, "min_tokens": min_tokens,
               "max_rounds": args.max_rounds, "tolerance": TOLERANCE,
