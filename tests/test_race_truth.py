@@ -189,3 +189,33 @@ def test_a_switch_quantum_switches_less_and_shows_the_same_time_on_both_lanes():
         assert [l.clock for l in lanes] == pytest.approx([0.4, 0.3]) and all(l.done for l in lanes)
         switches[quantum] = sum(l.switches for l in lanes)
     assert switches[0.0] > 100 and switches[0.010] < switches[0.0] / 4
+
+
+# --- scripts/bench_race.py's method (no timings asserted: they live in its JSON) -------------------
+def test_bench_race_interleaves_the_three_ways_as_a_palindrome_and_pools_to_its_token_budget(host, monkeypatch):
+    from scripts import bench, bench_race
+
+    order = []
+    for name in ("run_race", "run_alone", "run_bench"):
+        real = getattr(bench_race, name)
+        monkeypatch.setattr(bench_race, name, lambda *a, _real=real, _name=name, **k: (
+            order.append(_name[4:] + ("" if _name == "run_race" else ":" + a[1])), _real(*a, **k))[1])
+    bench.adapter_tokenizer = host.tokenizer
+    race = RaceHandlers(host, StopRegistry())
+    params = parse_params(0.6, 0.95, 20, 0.0, 6, 0, "2", max_depth=host.max_depth)
+    ids = host.prompt_ids([{"role": "user", "content": "Tell me about nouns"}], max_tokens=6)
+    rep = bench_race.measure_repeat(host, race, "Tell me about nouns", ids, list(ids.ids), params,
+                                    min_tokens=15, max_rounds=5)
+    one = ["race", "alone:ar", "alone:mtp", "bench:ar", "bench:mtp"]
+    # 6 tokens a reply (5 after the first): 15 per lane take two palindromes of two races each
+    assert rep["palindromes"] == 2 and order == (one + one[::-1]) * 2
+    assert rep["tokens"] == {"ar": 6, "mtp": 6}
+    for way in ("alone", "bench"):
+        for m in ("ar", "mtp"):
+            runs = rep["runs"][way][m]
+            assert len(runs) == 4
+            assert rep["tok_s"][way][m] == pytest.approx(sum(r["tokens"] - 1 for r in runs) / sum(
+                (r["tokens"] - 1) / r["tokens_per_second"] for r in runs))
+    assert rep["race_vs_bench"] == pytest.approx(rep["speedup"]["race"] / rep["speedup"]["bench"])
+    # the race's lanes decode what each decodes alone (same seed, same prompt state)
+    assert [r["ar"]["tokens"] for r in rep["runs"]["race"]] == [r["tokens"] for r in rep["runs"]["alone"]["ar"]]
