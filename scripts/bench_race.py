@@ -373,9 +373,16 @@ def main(argv=None) -> int:
                             "loadavg_start": loadavg0, "loadavg_end": os.getloadavg()},
               "seconds": time.perf_counter() - t_start, "overall": overall, "prompts": rows, "runs": detail}
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_report(Path(args.json), report)
     print_table(rows, overall, report["host_load"])
     return 0 if overall["all_within_tolerance"] else 1
+
+
+def write_report(path: Path, report: dict) -> None:
+    """The summary indented, each prompt's raw measurements on one line (a few hundred KB, not MBs)."""
+    head = json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2)
+    runs = ",\n".join("    " + json.dumps(r, separators=(",", ":")) for r in report["runs"])
+    path.write_text(head[:-2] + ',\n  "runs": [\n' + runs + "\n  ]\n}\n")
 
 
 def print_table(rows, overall, load) -> None:
