@@ -87,28 +87,32 @@ def params(temperature=0.6, top_p=0.95, top_k=20):
     return parse_params(temperature, top_p, top_k, 0.0, 256, 0, "2", max_depth=4)
 
 
-def test_the_ar_reference_is_kept_per_sampler_and_context():
+def test_the_ar_reference_is_kept_per_sampler_context_and_reply_length():
     refs = ArReferences()
     refs.note(params(), 30, 100.0, tokens=40)
     refs.note(params(), 30, 999.0, tokens=20)          # too short to be a reference
-    refs.note(params(), 90, 110.0, tokens=256)         # same bucket (up to ~128 prompt tokens)
-    refs.note(params(), 60, 90.0, tokens=64)
-    ref = refs.get(params(), 50)
-    assert ref.tokens_per_second == 100.0 and ref.decodes == 3 and "128" in ref.context
-    assert refs.get(params(temperature=0.0), 50) is None       # greedy is another sampler
-    assert refs.get(params(top_k=0), 50) is None
-    assert refs.get(params(), 600) is None                      # a longer context is another bucket
-    for tps in (1.0, 2.0, 3.0, 4.0, 5.0):                       # the median of the last few only
+    refs.note(params(), 90, 110.0, tokens=63)          # same buckets (prompts up to ~128, replies 32-63 tokens)
+    refs.note(params(), 60, 90.0, tokens=32)
+    refs.note(params(), 60, 50.0, tokens=200)          # a longer reply: another bucket
+    ref = refs.get(params(), 50, 48)
+    assert ref.tokens_per_second == 100.0 and ref.decodes == 3 and "128" in ref.context and ref.reply == "32-63 tokens"
+    long = refs.get(params(), 50, 255)
+    assert long.tokens_per_second == 50.0 and long.decodes == 1 and long.reply == "128-255 tokens"
+    assert refs.get(params(), 50, 64) is None                      # no AR reply of 64-127 tokens yet
+    assert refs.get(params(temperature=0.0), 50, 48) is None       # greedy is another sampler
+    assert refs.get(params(top_k=0), 50, 48) is None
+    assert refs.get(params(), 600, 48) is None                      # a longer context is another bucket
+    for tps in (1.0, 2.0, 3.0, 4.0, 5.0):                           # the median of the last few only
         refs.note(params(), 30, tps, tokens=40)
-    assert refs.get(params(), 30).tokens_per_second == 3.0
+    assert refs.get(params(), 30, 40).tokens_per_second == 3.0
 
 
 def test_the_chat_compares_like_with_like_and_says_so():
-    ref = Reference(100.0, 2, "up to ~128 tokens")
+    ref = Reference(100.0, 2, "up to ~128 tokens", "64-127 tokens")
     long = {"generated_tokens": 64, "tokens_per_second": 130.0, "finish_reason": "eos", "proposed": 40}
     title, details = reply_stats(long, "mtp", ref)
-    assert "≈1.30× vs AR (same sampler & context)" in title
-    assert "median of the last 2 AR decodes" in details and "up to ~128 tokens" in details
+    assert "≈1.30× vs AR (same sampler, context & length)" in title
+    assert "median of the last 2 AR decodes" in details and "up to ~128 tokens" in details and "64-127 tokens" in details
     title, details = reply_stats({**long, "generated_tokens": 20}, "mtp", ref)
     assert "vs AR" not in title and "short reply" in title and "too short" in details
     title, details = reply_stats(long, "mtp", None)
@@ -140,15 +144,17 @@ def test_the_race_repeats_by_default_and_reports_median_spread_and_short_runs(ho
     assert not summary["runs"][0]["short"] and 'data-short="0"' in stats_html and "One race is one sample" in stats_html
 
 
-def test_the_chat_estimate_waits_for_an_ar_reference_at_its_own_sampler(host):
+def test_the_chat_estimate_waits_for_an_ar_reference_at_its_own_sampler_and_reply_length(host):
     chat = ChatHandlers(host, StopRegistry(), update_interval=0.02)
     greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="1", max_tokens=40)
     title = lambda mode, **kw: list(chat.respond(user(LONG_PROMPT), mode, "", **{**greedy, **kw}))[-1][-1]["metadata"]["title"]  # noqa: E731
     host.ar_references = ArReferences()
     assert "vs AR" not in title("mtp")                  # no AR decode at this sampler yet
     assert "40 tokens" in title("ar")
-    assert "vs AR (same sampler & context)" in title("mtp")
+    assert "vs AR (same sampler, context & length)" in title("mtp")
     assert "vs AR" not in title("mtp", temperature=0.6, top_p=0.95, top_k=20)   # another sampler
+    assert "vs AR" not in title("mtp", max_tokens=70)    # 70 tokens: no AR reply of 64-127 tokens yet
+    assert "70 tokens" in title("ar", max_tokens=70) and "vs AR (same sampler" in title("mtp", max_tokens=70)
     assert "short reply" in title("mtp", max_tokens=8) and "vs AR" not in title("mtp", max_tokens=8)
 
 
@@ -183,3 +189,33 @@ def test_a_switch_quantum_switches_less_and_shows_the_same_time_on_both_lanes():
         assert [l.clock for l in lanes] == pytest.approx([0.4, 0.3]) and all(l.done for l in lanes)
         switches[quantum] = sum(l.switches for l in lanes)
     assert switches[0.0] > 100 and switches[0.010] < switches[0.0] / 4
+
+
+# --- scripts/bench_race.py's method (no timings asserted: they live in its JSON) -------------------
+def test_bench_race_interleaves_the_three_ways_as_a_palindrome_and_pools_to_its_token_budget(host, monkeypatch):
+    from scripts import bench, bench_race
+
+    order = []
+    for name in ("run_race", "run_alone", "run_bench"):
+        real = getattr(bench_race, name)
+        monkeypatch.setattr(bench_race, name, lambda *a, _real=real, _name=name, **k: (
+            order.append(_name[4:] + ("" if _name == "run_race" else ":" + a[1])), _real(*a, **k))[1])
+    bench.adapter_tokenizer = host.tokenizer
+    race = RaceHandlers(host, StopRegistry())
+    params = parse_params(0.6, 0.95, 20, 0.0, 6, 0, "2", max_depth=host.max_depth)
+    ids = host.prompt_ids([{"role": "user", "content": "Tell me about nouns"}], max_tokens=6)
+    rep = bench_race.measure_repeat(host, race, "Tell me about nouns", ids, list(ids.ids), params,
+                                    min_tokens=15, max_rounds=5)
+    one = ["race", "alone:ar", "alone:mtp", "bench:ar", "bench:mtp"]
+    # 6 tokens a reply (5 after the first): 15 per lane take two palindromes of two races each
+    assert rep["palindromes"] == 2 and order == (one + one[::-1]) * 2
+    assert rep["tokens"] == {"ar": 6, "mtp": 6}
+    for way in ("alone", "bench"):
+        for m in ("ar", "mtp"):
+            runs = rep["runs"][way][m]
+            assert len(runs) == 4
+            assert rep["tok_s"][way][m] == pytest.approx(sum(r["tokens"] - 1 for r in runs) / sum(
+                (r["tokens"] - 1) / r["tokens_per_second"] for r in runs))
+    assert rep["race_vs_bench"] == pytest.approx(rep["speedup"]["race"] / rep["speedup"]["bench"])
+    # the race's lanes decode what each decodes alone (same seed, same prompt state)
+    assert [r["ar"]["tokens"] for r in rep["runs"]["race"]] == [r["tokens"] for r in rep["runs"]["alone"]["ar"]]

@@ -234,7 +234,8 @@ class ChatHandlers:
                 context = len(fitted.prompt.ids)
                 if mode == "ar" and s.get("finish_reason") != "stopped":
                     self.host.note_ar_speed(params, context, s.get("tokens_per_second", 0.0), s.get("generated_tokens", 0))
-                title, details = reply_stats(s, mode, self.host.ar_reference(params, context), params.depth)
+                reference = self.host.ar_reference(params, context, s.get("generated_tokens", 0))
+                title, details = reply_stats(s, mode, reference, params.depth)
                 out.append(assistant(details, title=title, duration=round(s.get("compute_seconds") or 0.0, 3)))
             if self.stops.closing:   # Ctrl+C / SIGTERM on the server (webapp/server.py)
                 out.append(assistant(self.stops.closing, title="⏹ server shutting down"))

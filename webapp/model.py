@@ -263,5 +263,5 @@ class ModelHost:
     def note_ar_speed(self, params: RunParams, prompt_tokens: int, tokens_per_second: float, tokens: int) -> None:
         self.ar_references.note(params, prompt_tokens, tokens_per_second, tokens)
 
-    def ar_reference(self, params: RunParams, prompt_tokens: int) -> Optional[Reference]:
-        return self.ar_references.get(params, prompt_tokens)
+    def ar_reference(self, params: RunParams, prompt_tokens: int, reply_tokens: int) -> Optional[Reference]:
+        return self.ar_references.get(params, prompt_tokens, reply_tokens)

@@ -327,7 +327,7 @@ THINKING_TITLE = "💭 Thinking"
 
 def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tuple[str, str]:
     """(title, details markdown) for a chat reply's stats message. `reference`: the AR speed at
-    this reply's sampler and context (webapp.ar_reference.Reference) or None."""
+    this reply's sampler, prompt length and reply length (webapp.ar_reference.Reference) or None."""
     tps = stats.get("tokens_per_second", 0.0) or 0.0
     n = stats.get("generated_tokens", 0) or 0
     short = 0 < n < SHORT_REPLY_TOKENS
@@ -343,7 +343,7 @@ def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tu
             bits.append("MTP priced out")
         if reference is not None and tps and not short and stats.get("finish_reason") != "stopped":
             speedup = tps / reference.tokens_per_second
-            bits.append(f"≈{speedup:.2f}× vs AR (same sampler & context)")
+            bits.append(f"≈{speedup:.2f}× vs AR (same sampler, context & length)")
     if stats.get("finish_reason") == "stopped":
         bits.append("stopped")
     cached = stats.get("cached_tokens") or 0
@@ -370,12 +370,12 @@ def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tu
         if speedup is not None:
             details.append(f"- speed-up estimate: ≈{speedup:.2f}×, this reply's {tps:.1f} tok/s over "
                            f"{reference.tokens_per_second:.1f} tok/s, the median of the last {reference.decodes} AR "
-                           f"decodes of ≥ {SHORT_REPLY_TOKENS} tokens at this sampler with prompts of "
-                           f"{reference.context} (AR chat replies, race AR lanes, the warm-up); the Race tab "
+                           f"decodes at this sampler with prompts of {reference.context} and replies of "
+                           f"{reference.reply} (AR chat replies, race AR lanes, the warm-up); the Race tab "
                            "measures both lanes on the same prompt, side by side")
         elif reference is None and not short:
-            details.append(f"- no speed-up estimate: no AR decode of ≥ {SHORT_REPLY_TOKENS} tokens at this sampler and "
-                           "context length yet (one AR reply here gives one); the Race tab compares side by side")
+            details.append("- no speed-up estimate: no AR decode at this sampler, prompt length and reply length "
+                           "yet (one AR reply of about this length here gives one); the Race tab compares side by side")
         if stats.get("predicted_speedup"):
             details.append(f"- cost model predicts: {stats['predicted_speedup']:.2f}×")
     details.append(f"- finish: {stats.get('finish_reason')}")
