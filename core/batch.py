@@ -8,8 +8,9 @@ one sequence at a time. What the batch shares is the target's forward and the he
 projection (the adapter's `forward_batch` / `draft_batch`; core falls back to a loop over
 sequences for an adapter without them).
 
-A sequence joins with its prefill run alone (its first token comes out of that), and leaves
-between two steps (finished, stopped, cancelled): nothing else in the batch changes.
+A sequence joins with its prefill run a chunk per step after the others' cycle (its first token
+comes out of the step that ends it), or whole at once; it leaves between two steps (finished,
+stopped, cancelled): nothing else in the batch changes.
 
 One step of the batch (`Batch.step`):
 
@@ -52,6 +53,8 @@ class Sequence:
         self.feed_h = self.feed_t = None   # what the head has not seen yet (MTP)
         self.produced = 0
         self.last = None             # the latest StreamEvent
+        self.chunk = 0               # prefill chunk (0: the lanes' own, core.stream.PREFILL_CHUNK)
+        self.prefilled = 0           # prompt tokens prefilled so far
         self.events = _Fed(self).stream(prompt, max_tokens=max_tokens, stop=stop, **stream_kwargs)
 
     @property
@@ -153,34 +156,62 @@ class _Fed(Lane):
     def _steps(self, prompt, max_tokens, stats, stop, wf=None):
         seq = self.seq
         seq.stats = stats
-        seq.cache, seq.draft, done = self._prefill(prompt, stats, stop, wf)
+        chunks = self._prefill_chunks(prompt, stats, stop, wf, seq.chunk)
+        while True:
+            try:
+                seq.prefilled = next(chunks)
+            except StopIteration as end:
+                seq.cache, seq.draft, done = end.value
+                break
+            yield [], [], None   # a chunk done, no token yet: the batch does not pass this on
         yield seq.start(done)
         while True:
             yield seq.outbox.popleft()
 
 
 class Batch:
-    """The sequences being decoded together; `step` advances each by one cycle."""
+    """The sequences being decoded together; `step` advances each by one cycle.
 
-    def __init__(self, adapter):
+    A newcomer either joins at once (`join`: its whole prefill now, as when it decodes alone) or
+    is admitted (`admit`): then each step runs one chunk of its prefill (`prefill_chunk` tokens)
+    after the others' cycle, so that a long prompt holds the others back one chunk at a time
+    instead of its whole prefill; its first token comes out of the step that ends its prefill.
+    One newcomer prefills at a time, in the order admitted. Chunked attention sums in another
+    order than one long prefill (fp32 rounding in the last bits, as any two chunkings:
+    tests/test_engine_behaviour.py), so a newcomer admitted while nobody decodes prefills whole,
+    exactly as alone."""
+
+    def __init__(self, adapter, prefill_chunk: int = 64):
         self.adapter = adapter
+        self.prefill_chunk = prefill_chunk
         self.running: List[Sequence] = []
+        self.joining: List[Sequence] = []
 
     def join(self, seq: Sequence):
-        """Prefill `seq` alone and take it in; returns its first event (its first token)."""
+        """Prefill `seq` whole and take it in; returns its first event (its first token)."""
         seq.last = next(seq.events)
+        while not (seq.last.tokens or seq.last.finished):
+            seq.last = next(seq.events)
         if not seq.finished:
             self.running.append(seq)
         return seq.last
 
+    def admit(self, seq: Sequence) -> None:
+        """Take `seq` in: its prefill runs a chunk per step from the next step on."""
+        self.joining.append(seq)
+
     def leave(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
+        if seq in self.joining:
+            self.joining.remove(seq)
         seq.release()
 
     def step(self) -> Dict[Sequence, object]:
         """One cycle of every running sequence, in as few forwards as there are draft depths
-        in use; returns each sequence's new event. Finished ones leave."""
+        in use, then one prefill chunk of the first newcomer; returns each sequence's new event
+        (a newcomer's once its prefill is done: its first token; an exception if its prefill
+        failed, after which it has left). Finished ones leave."""
         groups: Dict[int, List[Sequence]] = {}
         for s in self.running:
             if s.stop is None or not s.stop.is_set():   # a stopped one only needs its 'stopped' event
@@ -195,6 +226,25 @@ class Batch:
             s.last = out[s] = next(s.events)
             if s.finished:
                 self.leave(s)
+        if self.joining:
+            s = self.joining[0]
+            if s.last is None and not self.running:
+                s.chunk = 0   # nobody to hold back: the whole prefill, as alone
+            elif s.last is None:
+                s.chunk = self.prefill_chunk
+            try:
+                s.last = next(s.events)
+            except Exception as exc:  # noqa: BLE001 - that newcomer fails, the batch goes on
+                self.leave(s)
+                out[s] = exc
+            else:
+                if s.last.tokens or s.last.finished:
+                    self.joining.remove(s)
+                    out[s] = s.last
+                    if s.finished:
+                        s.release()
+                    else:
+                        self.running.append(s)
         return out
 
     def _ar_step(self, seqs: Seq[Sequence]) -> None:

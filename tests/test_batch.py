@@ -166,3 +166,50 @@ def test_sampled_batched_sequences_follow_the_exact_distribution(sure_adapter, d
                 counts[k][tuple(ids[1:3])] += 1
     for k in range(len(slots)):
         assert chi_square_pvalue(counts[k], exact[k], sum(counts[k].values())) > 1e-3, k
+
+
+@pytest.mark.parametrize("mode,depth", [("ar", 0), ("mtp", 2)])
+def test_a_long_prompt_admitted_in_chunks_equals_alone(mixed_adapter, mode, depth):
+    """A newcomer admitted while four decode prefills one chunk per step, after their cycle:
+    the others keep getting a token every step, and its output equals decoding it alone (one
+    whole prefill); one admitted into an empty batch prefills whole in one step."""
+    long = [(i * 7) % 500 + 3 for i in range(300)]
+    alone = _decoder(mixed_adapter, mode, depth).generate(long, max_tokens=20)[0]
+    batch = Batch(mixed_adapter, prefill_chunk=32)
+    others = [Sequence(_decoder(mixed_adapter, mode, depth), PROMPTS[i], 200) for i in range(4)]
+    for s in others:
+        batch.join(s)
+    batch.step()
+    new = Sequence(_decoder(mixed_adapter, mode, depth), long, 20)
+    batch.admit(new)
+    out, prefill_steps = [], 0
+    while new in batch.joining or new in batch.running:
+        events = batch.step()
+        assert all(s in events and events[s].tokens for s in others)   # nobody waits a step out
+        if new in batch.joining:
+            prefill_steps += 1
+            assert new not in events
+        if new in events:
+            out += events[new].tokens
+    assert out == alone
+    assert prefill_steps == 300 // 32   # the tenth chunk ends the prefill and gives the first token
+
+    empty = Batch(mixed_adapter, prefill_chunk=32)
+    first = Sequence(_decoder(mixed_adapter, mode, depth), long, 20)
+    empty.admit(first)
+    assert empty.step()[first].tokens == alone[:1] and first in empty.running
+
+
+def test_a_newcomer_stopped_while_it_prefills_leaves(mixed_adapter):
+    batch = Batch(mixed_adapter, prefill_chunk=16)
+    batch.join(Sequence(_decoder(mixed_adapter, "mtp", 2), PROMPTS[0], 40))
+    stop = threading.Event()
+    new = Sequence(_decoder(mixed_adapter, "mtp", 2), list(range(5, 200)), 20, stop=stop)
+    batch.admit(new)
+    batch.step()
+    batch.step()
+    assert new in batch.joining and 0 < new.prefilled < 195
+    stop.set()
+    events = batch.step()
+    assert events[new].finish_reason == "stopped" and events[new].tokens == []
+    assert new not in batch.joining and new.cache is None and len(batch.running) == 1

@@ -1,8 +1,9 @@
 """Continuous batching on the model thread: requests join a running batch and leave it alone.
 
-The model thread (worker.py) runs this scheduler's `step` whenever no call is waiting: at most
-one newcomer is admitted per step (its prefill runs alone, then it decodes with the others), and
-every running sequence advances by one cycle in shared forwards (core/batch.py). A request's
+The model thread (worker.py) runs this scheduler's `step` whenever no call is waiting: newcomers
+are admitted while there is room, every running sequence advances by one cycle in shared forwards
+(core/batch.py), and then the first newcomer's prefill runs one chunk (`batch_prefill_chunk`
+tokens), so a long prompt stalls the others for a chunk per step, not for its whole prefill. A request's
 thread only waits on its own queue of events, so a slow reader holds nobody back. A cancel or a
 disconnect sets that request's stop: its next event is its last ('stopped'), and its caches are
 dropped in that step; the others do not notice.
@@ -77,10 +78,10 @@ class BatchedStream:
 
 class BatchScheduler:
     def __init__(self, worker, adapter, max_batch: int, max_batched_tokens: int,
-                 on_finish: Callable = lambda seq, ev: None):
+                 on_finish: Callable = lambda seq, ev: None, prefill_chunk: int = 64):
         from core.batch import Batch
 
-        self.worker, self.batch = worker, Batch(adapter)
+        self.worker, self.batch = worker, Batch(adapter, prefill_chunk)
         self.max_batch, self.max_batched_tokens = max_batch, max_batched_tokens
         self.on_finish = on_finish
         self.waiting: "collections.deque" = collections.deque()
@@ -112,26 +113,19 @@ class BatchScheduler:
 
     # -- on the model thread ----------------------------------------------------------------
     def busy(self) -> bool:
-        return bool(self.waiting or self.batch.running)
+        return bool(self.waiting or self.batch.running or self.batch.joining)
 
     def _room(self, seq) -> bool:
-        running = self.batch.running
-        if not running:
+        inside = self.batch.running + self.batch.joining
+        if not inside:
             return True
-        return (len(running) < self.max_batch
-                and sum(s.width for s in running) + seq.width <= self.max_batched_tokens)
+        return (len(inside) < self.max_batch
+                and sum(s.width for s in inside) + seq.width <= self.max_batched_tokens)
 
     def step(self) -> None:
-        if self.waiting and self._room(self.waiting[0]):
-            seq = self.waiting.popleft()
-            t0 = time.perf_counter()
-            try:
-                ev = self.batch.join(seq)
-            except Exception as exc:  # noqa: BLE001 - that request fails, the batch goes on
-                self._drop(seq, exc)
-            else:
-                self._deliver(seq, ev, time.perf_counter() - t0)
-        if not self.batch.running:
+        while self.waiting and self._room(self.waiting[0]):
+            self.batch.admit(self.waiting.popleft())
+        if not (self.batch.running or self.batch.joining):
             return
         t0 = time.perf_counter()
         self.batch_sizes[len(self.batch.running)] += 1
@@ -139,14 +133,17 @@ class BatchScheduler:
             events = self.batch.step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails the sequences in it, not the thread
             print(f"mtp-chat: batched step failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            for seq in list(self.batch.running):
+            for seq in list(self.batch.running) + list(self.batch.joining):
                 self.batch.leave(seq)
                 self._drop(seq, exc)
             return
         self.steps += 1
         dt = time.perf_counter() - t0
         for seq, ev in events.items():
-            self._deliver(seq, ev, dt)
+            if isinstance(ev, BaseException):
+                self._drop(seq, ev)
+            else:
+                self._deliver(seq, ev, dt)
 
     def _deliver(self, seq, ev, seconds: float) -> None:
         stream = self.streams.get(seq)
