@@ -33,6 +33,7 @@ from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after
 from .costs import DepthPolicy
 from .sampling import KeyStream, all_finite, check_finite
+from .stats import WallClock
 from .stream import Lane
 
 
@@ -152,6 +153,7 @@ class _Fed(Lane):
         super().__init__(d.adapter, d.sampler, d.seed, d.prefix_cache, d.constraint)
         self.mode, self.needs_head, self.seq = d.mode, d.needs_head, seq
         self.waterfall_every = 0
+        self.clock = WallClock   # its steps run outside this generator: the request's own time is wall time
 
     def _steps(self, prompt, max_tokens, stats, stop, wf=None):
         seq = self.seq

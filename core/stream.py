@@ -184,6 +184,7 @@ class Lane:
         self.constraint = constraint
 
     waterfall_every = SAMPLE_EVERY   # 1 cycle in N is timed phase by phase (core/waterfall.py); 0: off
+    clock = OwnClock   # what the stats' seconds count: the lane's own compute (paused between events)
 
     def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
                stop: Optional[threading.Event], wf: Optional[Waterfall] = None,
@@ -256,7 +257,7 @@ class Lane:
         detok = tokenizer.detokenizer
         detok.reset()
         stats = GenerationStats(mode=self.mode, prompt_tokens=len(prompt.ids))
-        clock = OwnClock()
+        clock = self.clock()
         clock.resume()
         wf = self.last_waterfall = Waterfall(self.waterfall_every)   # kept for benchmarks
         steps = self._steps(prompt, max_tokens, stats, stop, wf)

@@ -184,8 +184,9 @@ def test_a_long_prompt_admitted_in_chunks_equals_alone(mixed_adapter, mode, dept
     batch.admit(new)
     out, prefill_steps = [], 0
     while new in batch.joining or new in batch.running:
+        decoding = [s for s in others if s in batch.running]
         events = batch.step()
-        assert all(s in events and events[s].tokens for s in others)   # nobody waits a step out
+        assert all(events[s].tokens or events[s].finished for s in decoding)   # nobody waits a step out
         if new in batch.joining:
             prefill_steps += 1
             assert new not in events

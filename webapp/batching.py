@@ -34,10 +34,21 @@ class BatchedStream:
         self.scheduler, self.seq, self.stop_event = scheduler, seq, stop
         self.finished = False
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        # What the UI says of it (webapp/chat.py): how many others shared its latest step, and
+        # the most that shared one; its place among the requests waiting for room (0: inside).
+        self.batched_with = self.most_batched_with = 0
+
+    @property
+    def waiting_position(self) -> int:
+        try:
+            return self.scheduler.waiting.index(self.seq) + 1
+        except ValueError:
+            return 0
 
     # -- the model thread's side ----------------------------------------------------------
-    def put(self, ev, seconds: float) -> None:
+    def put(self, ev, seconds: float, others: int = 0) -> None:
         # The lane reuses one stats object; this reader may look after later steps changed it.
+        self.batched_with, self.most_batched_with = others, max(self.most_batched_with, others)
         self._q.put((dataclasses.replace(ev, stats=copy.copy(ev.stats)), seconds))
 
     def fail(self, exc: BaseException) -> None:
@@ -78,12 +89,13 @@ class BatchedStream:
 
 class BatchScheduler:
     def __init__(self, worker, adapter, max_batch: int, max_batched_tokens: int,
-                 on_finish: Callable = lambda seq, ev: None, prefill_chunk: int = 64):
+                 on_finish: Callable = lambda seq, ev: None, prefill_chunk: int = 64,
+                 on_step: Callable = lambda running, waiting: None):
         from core.batch import Batch
 
         self.worker, self.batch = worker, Batch(adapter, prefill_chunk)
         self.max_batch, self.max_batched_tokens = max_batch, max_batched_tokens
-        self.on_finish = on_finish
+        self.on_finish, self.on_step = on_finish, on_step
         self.waiting: "collections.deque" = collections.deque()
         self.streams = {}        # Sequence -> BatchedStream
         self.steps = 0
@@ -129,6 +141,8 @@ class BatchScheduler:
             return
         t0 = time.perf_counter()
         self.batch_sizes[len(self.batch.running)] += 1
+        inside = len(self.batch.running) + len(self.batch.joining)
+        self.on_step(inside, len(self.waiting))
         try:
             events = self.batch.step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails the sequences in it, not the thread
@@ -143,12 +157,14 @@ class BatchScheduler:
             if isinstance(ev, BaseException):
                 self._drop(seq, ev)
             else:
-                self._deliver(seq, ev, dt)
+                self._deliver(seq, ev, dt, inside - 1)
+        if not (self.batch.running or self.batch.joining or self.waiting):
+            self.on_step(0, 0)
 
-    def _deliver(self, seq, ev, seconds: float) -> None:
+    def _deliver(self, seq, ev, seconds: float, others: int = 0) -> None:
         stream = self.streams.get(seq)
         if stream is not None:
-            stream.put(ev, seconds)
+            stream.put(ev, seconds, others)
         if ev.finished:
             self.streams.pop(seq, None)
             self.on_finish(seq, ev)

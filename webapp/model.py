@@ -69,7 +69,8 @@ class ModelHost:
             self.scheduler = BatchScheduler(self.worker, adapter, int(settings.max_batch),
                                             int(getattr(settings, "max_batched_tokens", 64)),
                                             on_finish=self._batched_done,
-                                            prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)))
+                                            prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)),
+                                            on_step=self.metrics.batch)
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log)
 
