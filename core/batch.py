@@ -78,11 +78,12 @@ class Sequence:
         self.produced = 1
         return [self.pending], ["target"], done.logits
 
-    def depth(self) -> int:
-        """This step's draft depth: 0 for the AR lane, priced out, or one token from the end."""
+    def depth(self, batch: int = 1) -> int:
+        """This step's draft depth among `batch` sequences: 0 for the AR lane, priced out (at
+        this batch size: core.costs.Costs.at_batch), or one token from the end."""
         if self.mode != "mtp":
             return 0
-        self.stats.depth = self.policy.choose(self.stats)
+        self.stats.depth = self.policy.choose(self.stats, batch)
         return max(0, min(self.stats.depth, self.max_tokens - self.produced - 1))
 
     # -- the decisions of one step, on this sequence alone ---------------------------------------
@@ -215,9 +216,9 @@ class Batch:
         (a newcomer's once its prefill is done: its first token; an exception if its prefill
         failed, after which it has left). Finished ones leave."""
         groups: Dict[int, List[Sequence]] = {}
-        for s in self.running:
-            if s.stop is None or not s.stop.is_set():   # a stopped one only needs its 'stopped' event
-                groups.setdefault(s.depth(), []).append(s)
+        live = [s for s in self.running if s.stop is None or not s.stop.is_set()]   # a stopped one only needs its 'stopped' event
+        for s in live:
+            groups.setdefault(s.depth(len(live)), []).append(s)
         for depth, group in sorted(groups.items()):
             if depth == 0:
                 self._ar_step(group)
