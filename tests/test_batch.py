@@ -5,6 +5,7 @@ token equal to the same request decoded alone, in both lanes and at depths 1-3. 
 verify of the demo model is bit-identical to the lone one, a batched one-token step agrees to
 fp32 rounding (~1e-5: the several-row matmul kernel against the one-row one;
 test_batched_rows_agree_with_alone_to_rounding), so greedy equality holds except at near-ties. Sampled: a chi-square per sequence of a batch against the exact distribution."""
+import re
 import threading
 from collections import Counter
 
@@ -214,3 +215,35 @@ def test_a_newcomer_stopped_while_it_prefills_leaves(mixed_adapter):
     events = batch.step()
     assert events[new].finish_reason == "stopped" and events[new].tokens == []
     assert new not in batch.joining and new.cache is None and len(batch.running) == 1
+
+
+def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter):
+    """The AR lane's sequences are pipelined in a batch as the lane pipelines itself (the next
+    step queued before this token is read): each draws its keys in the lane's order, and a
+    grammar advances over the token in flight before its next mask. So sampled replies with
+    the same seed, and grammar-constrained ones, equal decoding alone, in both lanes."""
+    from core import Constraint
+    from core.constraints import lark_grammar
+
+    words = lark_grammar(r'start: /([a-z]+ [0-9]+ )*[a-z]*/')   # a state the mask depends on
+    hot = SamplerConfig(temperature=1.0, top_p=0.95, top_k=20)
+
+    def make(mode, k):
+        constraint = Constraint(mixed_adapter.tokenizer, words, mixed_adapter.contract.vocab_size) if k % 2 else None
+        sampler = hot if k < 4 else GREEDY
+        return (AutoregressiveDecoder(mixed_adapter, sampler=sampler, seed=k, constraint=constraint) if mode == "ar"
+                else SpeculativeDecoder(mixed_adapter, sampler=sampler, seed=k, depth=2, constraint=constraint))
+
+    for mode in ("ar", "mtp"):
+        alone = [make(mode, k).generate(PROMPTS[k], max_tokens=30)[0] for k in range(6)]
+        batch, out = Batch(mixed_adapter), {}
+        seqs = [Sequence(make(mode, k), PROMPTS[k], 30) for k in range(6)]
+        for k, s in enumerate(seqs):
+            out[k] = list(batch.join(s).tokens)
+        while batch.running:
+            for s, ev in batch.step().items():
+                out[seqs.index(s)] += ev.tokens
+        assert [out[k] for k in range(6)] == alone, mode
+        texts = [mixed_adapter.tokenizer.decode(alone[k]) for k in (1, 3, 5)]
+        assert all(re.fullmatch(r"([a-z]+ [0-9]+ )*[a-z]*", t) for t in texts), texts
+        assert any(re.search(r"[0-9]", t) for t in texts), texts   # the grammar's state changed the mask
