@@ -247,3 +247,22 @@ def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter)
         texts = [mixed_adapter.tokenizer.decode(alone[k]) for k in (1, 3, 5)]
         assert all(re.fullmatch(r"([a-z]+ [0-9]+ )*[a-z]*", t) for t in texts), texts
         assert any(re.search(r"[0-9]", t) for t in texts), texts   # the grammar's state changed the mask
+
+
+def test_the_gpu_path_batched_equals_alone_in_bf16(tiny_checkpoint):
+    """What a GPU runs when its kernels are off (and around them when on): MLX's own ops in the
+    checkpoint's bf16, attention computed row by row (row_invariant, as backends.choose sets
+    it on a GPU), a batch's rows through the same `few` runner [B, S, H]. Batched greedy
+    decoding equals each request alone in both lanes (rows of a batch round as one row does
+    here: MLX's quantized matmul is row-invariant on this CPU)."""
+    from adapters.qwen3_5.backends import Backend, MlxOps
+
+    adapter = load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **{**MIXED, "bits": 4, "dtype": "bfloat16"})),
+                           compiled=False, compute_dtype="native", log=lambda m: None)
+    adapter.backend = Backend("mlx", MlxOps(row_invariant=True), MlxOps())
+    assert adapter.forward(mx.array([[5, 6]]), adapter.make_cache())[1].dtype == mx.bfloat16
+    for mode, depth in (("ar", 0), ("mtp", 2)):
+        alone = [_decoder(adapter, mode, depth).generate(p, max_tokens=n)[0] for p, n in zip(PROMPTS[:5], LENGTHS[:5])]
+        batched, sizes, _ = run_batched(adapter, mode, depth, PROMPTS[:5], LENGTHS[:5], {0: [0, 1, 2], 3: [3, 4]})
+        assert batched == alone, mode
+        assert max(sizes) == 5

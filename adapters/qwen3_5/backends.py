@@ -353,7 +353,13 @@ class Backend:
     def __init__(self, name: str, few: MlxOps, long: MlxOps, note: str = ""):
         self.name, self.few, self.long, self.note = name, few, long, note
         # MLX's own ops, and a GPU's row kernels, take a batch's rows as they are; the compiled
-        # CPU runner drops the batch axis, so its backend sets a batched one of its own.
+        # CPU runner drops the batch axis, so its backend sets a batched one of its own. On a GPU
+        # a batch [B, S, H] reaches GpuKernels.linear as B*S rows: the CUDA row kernel serves up
+        # to 8 of them and sums in an order that does not depend on their number (a row batched
+        # equals it alone); more rows go through MLX's quantized matmul. The recurrence kernel
+        # takes one sequence (gdn_supported: q [1, T, ...]); a batch's recurrence takes MLX's
+        # ops. Attention runs per sequence over its own cache, row-invariant as alone.
+        # tests/test_batch.py runs this path (MlxOps, bf16, row-invariant attention) on the CPU.
         self.batch = few
 
     def runner(self, shape, fast: bool) -> MlxOps:
