@@ -169,7 +169,8 @@ def main():
     ap.add_argument("--tokens", "--max-tokens", dest="tokens", type=int, default=64, help="max tokens per request")
     ap.add_argument("--depth", type=int, default=2, help="MTP draft depth")
     ap.add_argument("--lanes", nargs="+", default=["ar", "mtp"], choices=["ar", "mtp"])
-    ap.add_argument("--prefill-chunk", type=int, default=64, help="a newcomer's prefill tokens per step")
+    ap.add_argument("--prefill-chunk", type=int, nargs="+", default=[64, 128, 256],
+                    help="a newcomer's prefill tokens per step (the first: the newcomer case; each: the long prompt)")
     ap.add_argument("--long-prompt", type=int, default=1024, help="tokens of the long prompt that joins (0: skip)")
     ap.add_argument("--streams", type=int, default=20, help="requests of the many-streams case (0: skip)")
     ap.add_argument("--stream-tokens", type=int, default=27, help="max tokens per request of the many-streams case")
@@ -182,17 +183,19 @@ def main():
     adapter = load_adapter(a.model)
     widest = max(a.requests + [5])
     ps = prompts(adapter, widest)
-    for mode in a.lanes:   # warm-up: every width and batch size compiled once
-        for B in sorted({1, 2, max(a.requests)}):
+    for mode in a.lanes:   # warm-up: every width and batch size compiled once (a compiled CPU step is per shape)
+        for B in range(1, max(a.requests) + 1):
             run(adapter, mode, a.depth, ps[:B], 8)
         alone(adapter, mode, a.depth, ps[0], 8)
     out = {"model": a.model, "describe": adapter.describe(), "runtime": describe_runtime(),
            "machine": platform.processor() or platform.machine(), "max_tokens": a.tokens, "depth": a.depth,
-           "sampler": "greedy", "prefill_chunk": a.prefill_chunk, "lanes": {}}
+           "sampler": "greedy", "prefill_chunks": a.prefill_chunk, "lanes": {}}
     long_prompt = None
     if a.long_prompt:
-        n = min(a.long_prompt, context_window(adapter) - 2 * a.tokens - 64)
+        n = min(a.long_prompt, context_window(adapter) - 4 * a.tokens - 64)
         long_prompt = padded_chat_prompt(adapter, "Summarise the text above.", n)
+        for chunk in (0, *a.prefill_chunk):   # warm-up: the prefill's shapes
+            stall(adapter, a.lanes[0], a.depth, ps, long_prompt, chunk, 4 * a.tokens)
     for mode in a.lanes:
         solo = [alone(adapter, mode, a.depth, p, a.tokens) for p in ps[:max(a.requests)]]
         rows = {}
@@ -210,12 +213,13 @@ def main():
         if 1 in rows:
             lane["batch_of_one_vs_alone"] = rows[1]["per_request_vs_alone"][0]
         if widest >= 5:
-            lane["newcomer_while_4_decode"] = newcomer(adapter, mode, a.depth, ps, a.tokens, a.prefill_chunk)
+            lane["newcomer_while_4_decode"] = newcomer(adapter, mode, a.depth, ps, a.tokens, a.prefill_chunk[0])
         if long_prompt is not None:
             lane["long_prompt_joins_4_decoding"] = {
                 "prompt_tokens": len(long_prompt),
                 "before_whole_prefill": stall(adapter, mode, a.depth, ps, long_prompt, 0, 4 * a.tokens),
-                "after_chunked": stall(adapter, mode, a.depth, ps, long_prompt, a.prefill_chunk, 4 * a.tokens)}
+                "after_chunked": [stall(adapter, mode, a.depth, ps, long_prompt, c, 4 * a.tokens)
+                                  for c in a.prefill_chunk]}
             print(mode, "long prompt joins:", json.dumps(lane["long_prompt_joins_4_decoding"]), flush=True)
         out["lanes"][mode] = lane
     if a.streams and "mtp" in a.lanes:
