@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -59,6 +60,8 @@ def prompts(adapter, n):
 def decoder(adapter, mode, depth):
     if mode == "ar":
         return AutoregressiveDecoder(adapter, sampler=GREEDY)
+    if mode == "auto":   # the cost model picks each cycle's depth (up to depth + 1), pricing the batch size
+        return SpeculativeDecoder(adapter, sampler=GREEDY, depth="auto", max_depth=depth + 1)
     return SpeculativeDecoder(adapter, sampler=GREEDY, depth=depth)
 
 
@@ -73,9 +76,10 @@ def alone(adapter, mode, depth, p, max_tokens):
 def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
     """Decode prompts `ps` together (at most max_batch at once, the rest join as others leave)."""
     batch, waiting, done = Batch(adapter), list(range(len(ps))), {}
-    joined, tokens = {}, {}
+    joined, tokens, steps = {}, {}, 0
     t0 = time.perf_counter()
     while waiting or batch.running:
+        steps += 1
         while waiting and len(batch.running) < (max_batch or len(ps)):
             i = waiting.pop(0)
             joined[i] = time.perf_counter()
@@ -91,7 +95,8 @@ def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
                 done[s.i] = time.perf_counter()
     wall = time.perf_counter() - t0
     per = [tokens[i] / (done[i] - joined[i]) for i in range(len(ps))]
-    return {"requests": len(ps), "tokens": sum(tokens.values()), "wall_s": round(wall, 3),
+    return {"requests": len(ps), "tokens": sum(tokens.values()), "wall_s": round(wall, 3), "steps": steps,
+            "ms_per_step": round(wall / steps * 1e3, 2),
             "aggregate_tok_s": round(sum(tokens.values()) / wall, 2), "per_request_tok_s": [round(x, 2) for x in per],
             "per_request_tokens": [tokens[i] for i in range(len(ps))]}
 
@@ -118,9 +123,10 @@ def newcomer(adapter, mode, depth, ps, max_tokens, chunk):
     step = statistics.median(steps)
     return {"prompt_tokens": len(ps[4]), "first_token_s": round(first, 4), "prefill_alone_s": round(prefill_alone, 4),
             "step_s_before": round(step, 4), "prefill_chunk": chunk,
-            "first_token_within_one_prefill_plus_one_step": first <= prefill_alone + step,
+            "first_token_over_one_prefill_plus_one_step": round(first / (prefill_alone + step), 3),
             "note": "admitted between two steps, it prefills after the others' cycle (one chunk: the prompt is "
-                    "shorter than it) and its first token comes out of that step"}
+                    "shorter than it) and its first token comes out of that step: by construction one step plus "
+                    "its prefill plus its first sample, so the ratio is ~1"}
 
 
 def stall(adapter, mode, depth, ps, long_prompt, chunk, max_tokens):
@@ -168,7 +174,8 @@ def main():
     ap.add_argument("--requests", type=int, nargs="+", default=[1, 2, 4, 8], help="concurrent requests to measure")
     ap.add_argument("--tokens", "--max-tokens", dest="tokens", type=int, default=64, help="max tokens per request")
     ap.add_argument("--depth", type=int, default=2, help="MTP draft depth")
-    ap.add_argument("--lanes", nargs="+", default=["ar", "mtp"], choices=["ar", "mtp"])
+    ap.add_argument("--lanes", nargs="+", default=["ar", "mtp"], choices=["ar", "mtp", "auto"],
+                    help="auto: depth 'auto' (1..depth+1) priced at each batch size; measures the costs first")
     ap.add_argument("--prefill-chunk", type=int, nargs="+", default=[64, 128, 256],
                     help="a newcomer's prefill tokens per step (the first: the newcomer case; each: the long prompt)")
     ap.add_argument("--long-prompt", type=int, default=1024, help="tokens of the long prompt that joins (0: skip)")
@@ -179,7 +186,7 @@ def main():
     a = ap.parse_args()
     if min(a.requests) < 1 or a.tokens < 2 or a.depth < 1:
         ap.error("--requests >= 1, --tokens >= 2 and --depth >= 1")
-    t_start = time.perf_counter()
+    t_start, load_before = time.perf_counter(), os.getloadavg()
     adapter = load_adapter(a.model)
     widest = max(a.requests + [5])
     ps = prompts(adapter, widest)
@@ -190,6 +197,11 @@ def main():
     out = {"model": a.model, "describe": adapter.describe(), "runtime": describe_runtime(),
            "machine": platform.processor() or platform.machine(), "max_tokens": a.tokens, "depth": a.depth,
            "sampler": "greedy", "prefill_chunks": a.prefill_chunk, "lanes": {}}
+    if a.costs or "auto" in a.lanes:
+        from core.calibrate import measure_costs
+
+        sizes = sorted(b for b in set(a.requests) if b > 1)
+        out["costs"] = measure_costs(adapter, max_width=a.depth + 2, batch_sizes=sizes).as_dict()
     long_prompt = None
     if a.long_prompt:
         n = min(a.long_prompt, context_window(adapter) - 4 * a.tokens - 64)
@@ -232,12 +244,9 @@ def main():
                               "tokens": [one["tokens"], eight["tokens"]],
                               "ratio": round(eight["wall_s"] / one["wall_s"], 3)}
         print(json.dumps(out["streams_mtp"]), flush=True)
-    if a.costs:
-        from core.calibrate import measure_costs
-
-        sizes = sorted(b for b in set(a.requests) if b > 1)
-        out["costs"] = measure_costs(adapter, max_width=a.depth + 2, batch_sizes=sizes).as_dict()
     out["seconds"] = round(time.perf_counter() - t_start, 1)
+    # Others' work on the machine shows here (a 2-core CPU shared by several people's jobs).
+    out["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.json} in {out['seconds']} s")
