@@ -6,6 +6,7 @@ verify of the demo model is bit-identical to the lone one, a batched one-token s
 fp32 rounding (~1e-5: the several-row matmul kernel against the one-row one;
 test_batched_rows_agree_with_alone_to_rounding), so greedy equality holds except at near-ties. Sampled: a chi-square per sequence of a batch against the exact distribution."""
 import re
+from pathlib import Path
 import threading
 from collections import Counter
 
@@ -266,3 +267,83 @@ def test_the_gpu_path_batched_equals_alone_in_bf16(tiny_checkpoint):
         batched, sizes, _ = run_batched(adapter, mode, depth, PROMPTS[:5], LENGTHS[:5], {0: [0, 1, 2], 3: [3, 4]})
         assert batched == alone, mode
         assert max(sizes) == 5
+
+
+RECORDED = Path(__file__).resolve().parent.parent / "docs" / "bench" / "cpu-batch-demo.json"
+
+
+def _threshold(costs, depths=(1, 2, 3)) -> float:
+    """The lowest acceptance (the same at every depth) at which some depth beats plain AR."""
+    from core.costs import predicted_speedup
+
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        a = (lo + hi) / 2
+        if max(predicted_speedup(costs, [a] * 3, d) for d in depths if d in costs.cycles) > 1.0:
+            hi = a
+        else:
+            lo = a
+    return hi
+
+
+def _stats_at(acceptance: float, cycles: int = 100_000):
+    from core.stats import GenerationStats
+
+    stats = GenerationStats(mode="mtp")
+    reached = cycles
+    for _ in range(3):
+        stats.proposed_per_depth.append(reached)
+        stats.accepted_per_depth.append(round(reached * acceptance))
+        reached = round(reached * acceptance)
+    return stats
+
+
+def test_auto_prices_the_batch_size_on_the_recorded_costs():
+    """The cost model measured on the demo model on this CPU (scripts/bench_batch.py --costs:
+    core/batch.py's own steps at 2, 4 and 8 sequences): a batched AR step costs more than one
+    sequence's and less than B of them (one pass over the weights), and 'auto' decides at each
+    batch size with that size's measured cycles: the acceptance a draft needs to pay differs
+    from alone, and between the two the policy speculates at one size and not at the other."""
+    import json
+
+    from core.costs import Costs, DepthPolicy
+
+    costs = Costs.from_dict(json.loads(RECORDED.read_text())["costs"])
+    assert set(costs.batches) == {2, 4, 8}
+    for size, row in costs.batches.items():
+        assert 1.0 < row[0] < size, (size, row)
+        assert costs.at_batch(size).cycles == {d: c for d, c in row.items() if d > 0}
+    alone = _threshold(costs)
+    for size in (2, 4, 8):
+        together = _threshold(costs.at_batch(size))
+        assert abs(together - alone) > 0.01, (size, together, alone)   # the batch size changes the price
+        between = _stats_at((alone + together) / 2)
+        policy = DepthPolicy("auto", 3, costs)
+        speculates = {b: policy.choose(between, b) > 0 for b in (1, size)}
+        assert speculates[1] == (together > alone) and speculates[size] == (together < alone), (size, alone, together)
+
+
+def test_each_sequence_is_priced_at_the_batch_size_it_decodes_in(mixed_adapter):
+    """The batch hands every sequence's depth policy the number of sequences stepping together
+    (those not stopped), each step, so a batch that shrinks is priced smaller."""
+    import json
+
+    from core.costs import Costs
+
+    costs = Costs.from_dict(json.loads(RECORDED.read_text())["costs"])
+    batch, seen = Batch(mixed_adapter), []
+    for i in range(6):
+        d = SpeculativeDecoder(mixed_adapter, sampler=GREEDY, depth="auto", max_depth=3)
+        d.costs = costs
+        batch.join(Sequence(d, PROMPTS[i], LENGTHS[i]))
+    for s in batch.running:
+        choose = s.policy.choose
+        s.policy.choose = lambda stats, size, choose=choose: (seen.append(size), choose(stats, size))[1]
+    sizes = []
+    while batch.running:
+        n = len(batch.running)
+        seen.clear()
+        batch.step()
+        assert seen == [n] * n
+        sizes.append(n)
+    assert len(set(sizes)) > 2
