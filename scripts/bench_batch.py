@@ -73,6 +73,18 @@ def alone(adapter, mode, depth, p, max_tokens):
     return len(ids) / (time.perf_counter() - t0), len(ids)
 
 
+def one_vs_lane(adapter, mode, depth, p, max_tokens, repeats):
+    """One request through the batcher (a batch of one) against its lane alone, alternated
+    `repeats` times: median tokens/s of each and their ratio."""
+    lane, batched = [], []
+    for _ in range(repeats):
+        lane.append(alone(adapter, mode, depth, p, max_tokens)[0])
+        batched.append(run(adapter, mode, depth, [p], max_tokens)["per_request_tok_s"][0])
+    a, b = statistics.median(lane), statistics.median(batched)
+    return {"lane_tok_s": round(a, 2), "batch_of_one_tok_s": round(b, 2), "ratio": round(b / a, 3),
+            "runs_lane": [round(x, 1) for x in lane], "runs_batch_of_one": [round(x, 1) for x in batched]}
+
+
 def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
     """Decode prompts `ps` together (at most max_batch at once, the rest join as others leave)."""
     batch, waiting, done = Batch(adapter), list(range(len(ps))), {}
@@ -181,6 +193,8 @@ def main():
     ap.add_argument("--long-prompt", type=int, default=1024, help="tokens of the long prompt that joins (0: skip)")
     ap.add_argument("--streams", type=int, default=20, help="requests of the many-streams case (0: skip)")
     ap.add_argument("--stream-tokens", type=int, default=27, help="max tokens per request of the many-streams case")
+    ap.add_argument("--one-vs-lane", type=int, default=0, metavar="REPEATS",
+                    help="only this: one request through the batcher against its lane alone, alternated REPEATS times")
     ap.add_argument("--costs", action="store_true", help="also measure the batched cost model ('auto' at batch sizes)")
     ap.add_argument("--json", "--out", dest="json", default="docs/bench/cpu-batch-demo.json", help="where to write")
     a = ap.parse_args()
@@ -202,6 +216,12 @@ def main():
 
         sizes = sorted(b for b in set(a.requests) if b > 1)
         out["costs"] = measure_costs(adapter, max_width=a.depth + 2, batch_sizes=sizes).as_dict()
+    if a.one_vs_lane:
+        out["one_vs_lane"] = {mode: one_vs_lane(adapter, mode, a.depth, ps[0], 2 * a.tokens, a.one_vs_lane)
+                              for mode in a.lanes}
+        print(json.dumps(out["one_vs_lane"]))
+        Path(a.json).write_text(json.dumps(out, indent=1))
+        return
     long_prompt = None
     if a.long_prompt:
         n = min(a.long_prompt, context_window(adapter) - 4 * a.tokens - 64)
