@@ -314,9 +314,13 @@ def test_auto_prices_the_batch_size_on_the_recorded_costs():
         assert 1.0 < row[0] < size, (size, row)
         assert costs.at_batch(size).cycles == {d: c for d, c in row.items() if d > 0}
     alone = _threshold(costs)
+    # Measured (docs/bench/cpu-batch-demo.json): a draft needs acceptance 0.44 to pay alone, 0.57
+    # at 2 sequences, 0.44 at 4, 0.71 at 8: in a batch of 8 speculation pays less.
+    assert _threshold(costs.at_batch(8)) > alone + 0.1
     for size in (2, 4, 8):
         together = _threshold(costs.at_batch(size))
-        assert abs(together - alone) > 0.01, (size, together, alone)   # the batch size changes the price
+        if abs(together - alone) < 0.01:
+            continue   # priced as alone at this size
         between = _stats_at((alone + together) / 2)
         policy = DepthPolicy("auto", 3, costs)
         speculates = {b: policy.choose(between, b) > 0 for b in (1, size)}
