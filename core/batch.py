@@ -8,8 +8,9 @@ one sequence at a time. What the batch shares is the target's forward and the he
 projection (the adapter's `forward_batch` / `draft_batch`; core falls back to a loop over
 sequences for an adapter without them).
 
-A sequence joins with its prefill run alone (its first token comes out of that), and leaves
-between two steps (finished, stopped, cancelled): nothing else in the batch changes.
+A sequence joins with its prefill run a chunk per step after the others' cycle (its first token
+comes out of the step that ends it), or whole at once; it leaves between two steps (finished,
+stopped, cancelled): nothing else in the batch changes.
 
 One step of the batch (`Batch.step`):
 
@@ -32,6 +33,7 @@ from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after
 from .costs import DepthPolicy
 from .sampling import KeyStream, all_finite, check_finite
+from .stats import WallClock
 from .stream import Lane
 
 
@@ -49,44 +51,95 @@ class Sequence:
         self.outbox: collections.deque = collections.deque()   # (tokens, origins, rows) the batch made
         self.cache = self.draft = self.stats = self.policy = None
         self.pending: int = -1       # the last token out, not yet through the trunk
+        # The AR lane, pipelined: (the next token, sampled but not read yet, and its logits row);
+        # `pending` has been through the trunk then.
+        self.ahead = None
         self.feed_h = self.feed_t = None   # what the head has not seen yet (MTP)
         self.produced = 0
         self.last = None             # the latest StreamEvent
+        self.chunk = 0               # prefill chunk (0: the lanes' own, core.stream.PREFILL_CHUNK)
+        self.prefilled = 0           # prompt tokens prefilled so far
         self.events = _Fed(self).stream(prompt, max_tokens=max_tokens, stop=stop, **stream_kwargs)
 
     @property
     def finished(self) -> bool:
         return self.last is not None and self.last.finished
 
-    # -- joining: prefill alone, then the first token ------------------------------------------
+    # -- joining: prefill, then the first token ------------------------------------------------
     def start(self, prefilled) -> tuple:
         done = prefilled
+        self.stats.target_forwards += 1
+        self.produced = 1
+        if self.mode != "mtp":
+            # As the AR lane starts: the first decode step is queued before the first token is
+            # read, and from then on each step queues the next before reading its own (take_ahead).
+            first = self._sample(done.logits, allowed_after(self.constraint))
+            if self.max_tokens > 1:
+                self._queue_ahead(first)
+            self.pending = first.item()
+            check_finite(self.pending >= 0, "target model")
+            return [self.pending], ["target"], done.logits
         first = self.sampler.sample(done.logits, self.keys.next(), allowed_after(self.constraint))
         check_finite(all_finite(done.logits).item(), "target model")
-        self.stats.target_forwards += 1
         self.pending = first.item()
         if self.constraint is not None:
             self.constraint.advance([self.pending])
-        if self.mode == "mtp":
-            d = self.decoder
-            self.policy = DepthPolicy(d.depth, d.max_depth, d.costs_at(self.stats.prompt_tokens))
-            self.feed_h, self.feed_t = done.hidden, first
-        self.produced = 1
+        d = self.decoder
+        self.policy = DepthPolicy(d.depth, d.max_depth, d.costs_at(self.stats.prompt_tokens))
+        self.feed_h, self.feed_t = done.hidden, first
         return [self.pending], ["target"], done.logits
 
-    def depth(self) -> int:
-        """This step's draft depth: 0 for the AR lane, priced out, or one token from the end."""
+    def _sample(self, logits: mx.array, allowed) -> mx.array:
+        # -1 marks a non-finite row: one value read per step, as the AR lane does (core/decoders.py)
+        return mx.where(all_finite(logits), self.sampler.sample(logits, self.keys.next(), allowed).astype(mx.int32), -1)
+
+    def _queue_ahead(self, y: mx.array) -> None:
+        """Alone (the AR lane's own start): the forward of `y` and the token after it, queued
+        on the device without waiting; a batch's later steps take it from there."""
+        logits, _, _ = self.adapter.forward(y[None], self.cache, all_logits=False)
+        row = logits[:, -1]
+        self.ahead = (self._sample(row, allowed_after(self.constraint, y)), row)
+        mx.async_eval(self.ahead[0])
+
+    def depth(self, batch: int = 1) -> int:
+        """This step's draft depth among `batch` sequences: 0 for the AR lane, priced out (at
+        this batch size: core.costs.Costs.at_batch), or one token from the end."""
         if self.mode != "mtp":
             return 0
-        self.stats.depth = self.policy.choose(self.stats)
+        self.stats.depth = self.policy.choose(self.stats, batch)
         return max(0, min(self.stats.depth, self.max_tokens - self.produced - 1))
 
     # -- the decisions of one step, on this sequence alone ---------------------------------------
+    def feeds(self) -> bool:
+        """Does this AR step need a forward of this sequence? Not for the last token of one
+        pipelined: it was sampled in the step before."""
+        return self.ahead is None or self.produced + 1 < self.max_tokens
+
+    def next_input(self) -> mx.array:
+        """[1] int32: the token this AR step puts through the trunk (lazy when pipelined)."""
+        return self.ahead[0] if self.ahead is not None else mx.array([self.pending], dtype=mx.int32)
+
+    def sample_ahead(self, logits: Optional[mx.array]) -> Optional[mx.array]:
+        """Pipelined: sample the token after the one ahead from its logits [1, V] (None: its
+        last token, nothing to sample); not read yet."""
+        if logits is None:
+            self._next = None
+            return None
+        y = self._sample(logits, allowed_after(self.constraint, self.ahead[0]))
+        self._next = (y, logits)
+        return y
+
+    def take_ahead(self) -> None:
+        """Pipelined: read the token sampled in the step before (its successor is on its way)."""
+        (y, row), self.ahead = self.ahead, self._next
+        token = y.item()
+        check_finite(token >= 0, "target model")
+        self.stats.record_cycle(0, 0)
+        self._emit([token], ["target"], row)
+
     def take_ar(self, logits: mx.array, hidden: mx.array) -> None:
         """logits [1, V], hidden [1, 1, H] of the pending token: sample the next one."""
-        # -1 marks a non-finite row: one value read per step, as the AR lane does (core/decoders.py)
-        y = mx.where(all_finite(logits),
-                     self.sampler.sample(logits, self.keys.next(), allowed_after(self.constraint)).astype(mx.int32), -1)
+        y = self._sample(logits, allowed_after(self.constraint))
         token = y.item()
         check_finite(token >= 0, "target model")
         if self.mode == "mtp":
@@ -111,10 +164,11 @@ class Sequence:
         p = self.sampler.mask(logits, allowed) if self.sampler.greedy else self.sampler.support(logits, allowed)
         return verify_drafts(p, q, drafts, self.keys.next(3), self.sampler.greedy)
 
-    def commit(self, drafts, outcome, logits, hidden, captured, draft_logits) -> None:
-        """Keep the verified prefix: roll the caches back to it, feed it to the head next cycle."""
+    def commit(self, drafts, outcome, logits, hidden, captured, finite) -> None:
+        """Keep the verified prefix: roll the caches back to it, feed it to the head next cycle.
+        `finite`: were this sequence's verify and draft logits all finite (read already)."""
         accepted, corrections, bonus = outcome
-        check_finite(mx.logical_and(all_finite(logits), all_finite(draft_logits)).item(), "target model or MTP head")
+        check_finite(finite.item(), "target model or MTP head")
         depth = drafts.shape[0]
         n = accepted_prefix(accepted.tolist())
         new = bonus if n == depth else corrections[n:n + 1]
@@ -135,7 +189,7 @@ class Sequence:
 
     def release(self) -> None:
         """Drop the caches now (a cancelled sequence's memory goes at once, not when its reader does)."""
-        self.cache = self.draft = self.feed_h = self.feed_t = None
+        self.cache = self.draft = self.feed_h = self.feed_t = self.ahead = None
         self.outbox.clear()
         self.events.close()
 
@@ -149,42 +203,71 @@ class _Fed(Lane):
         super().__init__(d.adapter, d.sampler, d.seed, d.prefix_cache, d.constraint)
         self.mode, self.needs_head, self.seq = d.mode, d.needs_head, seq
         self.waterfall_every = 0
+        self.clock = WallClock   # its steps run outside this generator: the request's own time is wall time
 
     def _steps(self, prompt, max_tokens, stats, stop, wf=None):
         seq = self.seq
         seq.stats = stats
-        seq.cache, seq.draft, done = self._prefill(prompt, stats, stop, wf)
+        chunks = self._prefill_chunks(prompt, stats, stop, wf, seq.chunk)
+        while True:
+            try:
+                seq.prefilled = next(chunks)
+            except StopIteration as end:
+                seq.cache, seq.draft, done = end.value
+                break
+            yield [], [], None   # a chunk done, no token yet: the batch does not pass this on
         yield seq.start(done)
         while True:
             yield seq.outbox.popleft()
 
 
 class Batch:
-    """The sequences being decoded together; `step` advances each by one cycle."""
+    """The sequences being decoded together; `step` advances each by one cycle.
 
-    def __init__(self, adapter):
+    A newcomer either joins at once (`join`: its whole prefill now, as when it decodes alone) or
+    is admitted (`admit`): then each step runs one chunk of its prefill (`prefill_chunk` tokens)
+    after the others' cycle, so that a long prompt holds the others back one chunk at a time
+    instead of its whole prefill; its first token comes out of the step that ends its prefill.
+    One newcomer prefills at a time, in the order admitted. Chunked attention sums in another
+    order than one long prefill (fp32 rounding in the last bits, as any two chunkings:
+    tests/test_engine_behaviour.py), so a newcomer admitted while nobody decodes prefills whole,
+    exactly as alone."""
+
+    def __init__(self, adapter, prefill_chunk: int = 64):
         self.adapter = adapter
+        self.prefill_chunk = prefill_chunk
         self.running: List[Sequence] = []
+        self.joining: List[Sequence] = []
 
     def join(self, seq: Sequence):
-        """Prefill `seq` alone and take it in; returns its first event (its first token)."""
+        """Prefill `seq` whole and take it in; returns its first event (its first token)."""
         seq.last = next(seq.events)
+        while not (seq.last.tokens or seq.last.finished):
+            seq.last = next(seq.events)
         if not seq.finished:
             self.running.append(seq)
         return seq.last
 
+    def admit(self, seq: Sequence) -> None:
+        """Take `seq` in: its prefill runs a chunk per step from the next step on."""
+        self.joining.append(seq)
+
     def leave(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
+        if seq in self.joining:
+            self.joining.remove(seq)
         seq.release()
 
     def step(self) -> Dict[Sequence, object]:
         """One cycle of every running sequence, in as few forwards as there are draft depths
-        in use; returns each sequence's new event. Finished ones leave."""
+        in use, then one prefill chunk of the first newcomer; returns each sequence's new event
+        (a newcomer's once its prefill is done: its first token; an exception if its prefill
+        failed, after which it has left). Finished ones leave."""
         groups: Dict[int, List[Sequence]] = {}
-        for s in self.running:
-            if s.stop is None or not s.stop.is_set():   # a stopped one only needs its 'stopped' event
-                groups.setdefault(s.depth(), []).append(s)
+        live = [s for s in self.running if s.stop is None or not s.stop.is_set()]   # a stopped one only needs its 'stopped' event
+        for s in live:
+            groups.setdefault(s.depth(len(live)), []).append(s)
         for depth, group in sorted(groups.items()):
             if depth == 0:
                 self._ar_step(group)
@@ -195,13 +278,47 @@ class Batch:
             s.last = out[s] = next(s.events)
             if s.finished:
                 self.leave(s)
+        if self.joining:
+            s = self.joining[0]
+            if s.last is None and not self.running:
+                s.chunk = 0   # nobody to hold back: the whole prefill, as alone
+            elif s.last is None:
+                s.chunk = self.prefill_chunk
+            try:
+                s.last = next(s.events)
+            except Exception as exc:  # noqa: BLE001 - that newcomer fails, the batch goes on
+                self.leave(s)
+                out[s] = exc
+            else:
+                if s.last.tokens or s.last.finished:
+                    self.joining.remove(s)
+                    out[s] = s.last
+                    if s.finished:
+                        s.release()
+                    else:
+                        self.running.append(s)
         return out
 
     def _ar_step(self, seqs: Seq[Sequence]) -> None:
-        tokens = mx.array([[s.pending] for s in seqs], dtype=mx.int32)
-        logits, hidden, _ = forward_batch(self.adapter, tokens, [s.cache for s in seqs])
-        for b, s in enumerate(seqs):
-            s.take_ar(logits[b:b + 1, -1], hidden[b:b + 1])
+        """One forward of every sequence's next input. The AR lane's sequences are pipelined as
+        the lane is: their next step is queued before this step's token is read (what they put
+        through the trunk is the token sampled in the step before, still on the device); the MTP
+        lane's sequences that decode a plain step read theirs at once (their head needs it)."""
+        fed = [s for s in seqs if s.feeds()]
+        rows = {}
+        if fed:
+            tokens = mx.concatenate([s.next_input() for s in fed])[:, None]
+            logits, hidden, _ = forward_batch(self.adapter, tokens, [s.cache for s in fed])
+            rows = {id(s): b for b, s in enumerate(fed)}
+        ahead = [s for s in seqs if s.ahead is not None]
+        queued = [s.sample_ahead(logits[rows[id(s)]:rows[id(s)] + 1, -1] if id(s) in rows else None) for s in ahead]
+        mx.async_eval([y for y in queued if y is not None])
+        for s in seqs:
+            if s.ahead is not None:
+                s.take_ahead()
+            else:
+                b = rows[id(s)]
+                s.take_ar(logits[b:b + 1, -1], hidden[b:b + 1])
 
     def _mtp_step(self, seqs: Seq[Sequence], depth: int) -> None:
         ad = self.adapter
@@ -219,19 +336,21 @@ class Batch:
                 qs[b].append(q)
                 ts.append(t[None])
         drafts = [mx.concatenate(d) for d in drafts]
+        mx.async_eval(drafts)   # the head computes while the verify graph is built (as the lane does)
 
         # 2. Verify every sequence's [pending, d1..dD] in one target forward, keeping per-position state.
         tokens = mx.stack([mx.concatenate([mx.array([s.pending], dtype=mx.int32), d.astype(mx.int32)])
                            for s, d in zip(seqs, drafts)])
         logits, vh, captured = forward_batch(ad, tokens, [s.cache for s in seqs], capture=True)
 
-        # 3. Accept: each sequence its own prefix; every outcome read in one sync.
+        # 3. Accept: each sequence its own prefix; every outcome (and finiteness) read in one sync.
         outcomes = [s.accept(drafts[b], qs[b], logits[b], masks[b]) for b, s in enumerate(seqs)]
-        mx.eval(outcomes, drafts)
-        # 4. Commit: each keeps what it verified.
         dl = mx.concatenate(draft_logits)
+        ok = [mx.logical_and(all_finite(logits[b]), all_finite(dl[b::len(seqs)])) for b in range(len(seqs))]
+        mx.eval(outcomes, drafts, ok)
+        # 4. Commit: each keeps what it verified.
         for b, s in enumerate(seqs):
-            s.commit(drafts[b], outcomes[b], logits[b], vh[b:b + 1], captured[b], dl[b::len(seqs)])
+            s.commit(drafts[b], outcomes[b], logits[b], vh[b:b + 1], captured[b], ok[b])
 
 
 def forward_batch(adapter, tokens: mx.array, caches: list, capture: bool = False):

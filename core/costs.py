@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Union
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -28,6 +28,9 @@ class Costs:
     verify: Dict[int, float]  # width -> cost relative to one AR step (verify[1] == 1.0)
     mtp_step: float  # one MTP step (head layer + lm_head + sampling) relative to one AR step
     cycles: Dict[int, float] = field(default_factory=dict)  # depth -> whole cycle, as the lanes run
+    # Batch size B -> {0: a batched AR step of B sequences over one lane's AR step, D: a batched
+    # cycle of B sequences at depth D over that batched AR step} (core/batch.py's own steps).
+    batches: Dict[int, Dict[int, float]] = field(default_factory=dict)
 
     def parts(self, depth: int) -> float:
         return self.verify[depth + 1] + depth * self.mtp_step
@@ -35,14 +38,32 @@ class Costs:
     def cycle(self, depth: int) -> float:
         return self.cycles[depth] if depth in self.cycles else self.parts(depth)
 
+    def at_batch(self, size: int) -> "Costs":
+        """The costs of one sequence among `size` decoding together, relative to their shared
+        AR step: the nearest batch size measured (in log scale), or these when none was or the
+        sequence is alone. Why: a batched step reads the weights once for all its rows, so its
+        AR step costs little more than one sequence's, while a verify of B x (D + 1) positions
+        and the drafts' per-sequence work grow with B: speculation pays less in a batch."""
+        if size <= 1 or not self.batches:
+            return self
+        near = min(self.batches, key=lambda b: abs(math.log(b / size)))
+        row = self.batches[near]
+        deepest = max(row)   # only the depths measured at this size
+        return replace(self, ar_step_seconds=self.ar_step_seconds * row[0],
+                       verify={w: v for w, v in self.verify.items() if w <= deepest + 1},
+                       cycles={d: c for d, c in row.items() if d > 0}, batches={})
+
     def as_dict(self) -> dict:
-        return {
+        out = {
             "ar_step_ms": self.ar_step_seconds * 1e3,
             "verify_width": {str(k): v for k, v in self.verify.items()},
             "mtp_step": self.mtp_step,
             "cycle": {str(d): v for d, v in self.cycles.items()},
             "cycle_from_parts": {str(d): self.parts(d) for d in range(1, max(self.verify))},
         }
+        if self.batches:
+            out["batch"] = {str(b): {str(d): v for d, v in row.items()} for b, row in self.batches.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
@@ -50,7 +71,8 @@ class Costs:
         return cls(ar_step_seconds=d["ar_step_ms"] / 1e3,
                    verify={int(k): float(v) for k, v in d["verify_width"].items()},
                    mtp_step=float(d["mtp_step"]),
-                   cycles={int(k): float(v) for k, v in d.get("cycle", {}).items()})
+                   cycles={int(k): float(v) for k, v in d.get("cycle", {}).items()},
+                   batches={int(b): {int(k): float(v) for k, v in row.items()} for b, row in d.get("batch", {}).items()})
 
 
 def expected_tokens(acceptance: List[float], depth: int) -> float:
@@ -123,9 +145,12 @@ class DepthPolicy:
             est.append((acc + 4.0) / (prop + 5.0))
         return est
 
-    def best(self, stats):
-        """(depth, predicted speedup) with the highest predicted speedup; depth 0 is plain AR."""
+    def best(self, stats, batch: int = 1):
+        """(depth, predicted speedup) with the highest predicted speedup; depth 0 is plain AR.
+        `batch`: the sequences decoding together (core/batch.py), priced by Costs.at_batch."""
         costs = self.costs
+        if costs is not None:
+            costs = costs.at_batch(batch)
         if costs is None:
             return (min(self.UNMEASURED_DEPTH, self.depth) if self.auto else self.depth), None
         acc = self.acceptance(stats)
@@ -134,8 +159,8 @@ class DepthPolicy:
         speed, d = max(options)
         return (d, speed) if (speed > 1.0 or not self.auto) else (0, 1.0)
 
-    def choose(self, stats) -> int:
-        d, speed = self.best(stats)
+    def choose(self, stats, batch: int = 1) -> int:
+        d, speed = self.best(stats, batch)
         stats.predicted_speedup = speed
         if not self.auto:
             stats.mtp_active = True

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).
     max_batch: int = Field(1, ge=1, le=64)
     max_batched_tokens: int = Field(64, ge=1, le=4096)
+    # A newcomer's prefill runs this many tokens per batched step while others decode: what a long
+    # prompt that joins holds the others back by per step (scripts/bench_batch.py measures it).
+    batch_prefill_chunk: int = Field(64, ge=1, le=8192)
     # Measured cost models (core/calibrate.py) are saved here per machine and model and reused
     # at the next start; None: ~/.cache/mtp-chat/costs. "" turns saving off.
     costs_dir: Optional[str] = None

@@ -86,3 +86,15 @@ class OwnClock:
     def now(self) -> float:
         running = time.perf_counter() - self._since if self._since is not None else 0.0
         return self.total + running
+
+
+class WallClock(OwnClock):
+    """Counts all the time since the first resume: a batched sequence's reply takes the steps
+    it shares with others and the time between them (core/batch.py), not only its own work."""
+
+    def resume(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def pause(self) -> None:
+        pass

@@ -73,25 +73,40 @@ class Prefilled:
 
 
 def prefill(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
-            stop: Optional[threading.Event] = None) -> Prefilled:
-    """Run the prompt through the trunk, and the drafter over it, in chunks.
+            stop: Optional[threading.Event] = None, chunk: int = 0) -> Prefilled:
+    """Run the prompt through the trunk, and the drafter over it, in chunks (all of them now;
+    `prefill_chunks` runs them one at a time)."""
+    steps = prefill_chunks(adapter, prompt, cache, draft, prefix_cache, stop, chunk)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
+                   stop: Optional[threading.Event] = None, chunk: int = 0) -> Iterator[int]:
+    """Run the prompt through the trunk, and the drafter over it, one chunk per next() (it
+    yields the tokens done so far; its return value is the Prefilled).
 
     The drafter's history of the prompt belongs to prefill: after it the drafter has seen
     positions 0..L-2 (hidden n with token n+1) and the first decode cycle only adds the last
     position. `draft` None: nothing will draft (the AR lane without a prefix cache), so the
-    drafter is skipped. Chunks end at the prompt's marks, where snapshots go into
-    `prefix_cache`; before each chunk the stop event is checked, so a long prompt can be
-    abandoned within one chunk.
+    drafter is skipped. Chunks end every `chunk` tokens (0: PREFILL_CHUNK; a batch passes a
+    smaller one, so that a newcomer's prefill stalls the others for one short chunk at a time,
+    core/batch.py) and at the prompt's marks, where snapshots go into `prefix_cache`; before
+    each chunk the stop event is checked, so a long prompt can be abandoned within one chunk.
     """
     ids, L = prompt.ids, len(prompt.ids)
+    chunk = chunk or PREFILL_CHUNK
     start, h_last = 0, None
     snap = prefix_cache.lookup(ids) if prefix_cache is not None and draft is not None else None
     if snap is not None:
         adapter.restore(snap.state, cache, draft)
         h_last, start = snap.hidden, snap.length
     tokens = mx.array(ids, dtype=mx.int32)
-    # Chunks end every PREFILL_CHUNK tokens and at the marks (lookup leaves >= 1 token to run).
-    ends = sorted(set(range(start + PREFILL_CHUNK, L, PREFILL_CHUNK)) | set(marks_within(list(prompt.marks), start, L)) | {L})
+    # Chunks end every `chunk` tokens and at the marks (lookup leaves >= 1 token to run).
+    ends = sorted(set(range(start + chunk, L, chunk)) | set(marks_within(list(prompt.marks), start, L)) | {L})
     a = start
     for b in ends:
         if stop is not None and stop.is_set():
@@ -106,6 +121,8 @@ def prefill(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         if prefix_cache is not None and draft is not None and b in prompt.marks:
             prefix_cache.store(Snapshot(tuple(ids[:b]), adapter.snapshot(cache, draft), h_last))
         a = b
+        if b < L:
+            yield b
     return Prefilled(logits[:, -1], h_last, start, L - start)
 
 
@@ -167,6 +184,7 @@ class Lane:
         self.constraint = constraint
 
     waterfall_every = SAMPLE_EVERY   # 1 cycle in N is timed phase by phase (core/waterfall.py); 0: off
+    clock = OwnClock   # what the stats' seconds count: the lane's own compute (paused between events)
 
     def _steps(self, prompt: Prompt, max_tokens: int, stats: GenerationStats,
                stop: Optional[threading.Event], wf: Optional[Waterfall] = None,
@@ -181,11 +199,29 @@ class Lane:
 
     def _prefill(self, prompt: Prompt, stats: GenerationStats, stop, wf: Waterfall) -> Tuple[object, object, Prefilled]:
         """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
+        steps = self._prefill_chunks(prompt, stats, stop, wf)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _prefill_chunks(self, prompt: Prompt, stats: GenerationStats, stop, wf: Waterfall, chunk: int = 0):
+        """`_prefill` one chunk per next() (core.stream.prefill_chunks); returns what it returns."""
         t0 = time.perf_counter()
         cache, draft = self._make_caches()
         if not self.needs_head and self.prefix_cache is None:
             draft = None   # nothing will read it: AR's first token does not wait for the drafter
-        done = prefill(self.adapter, prompt, cache, draft, self.prefix_cache, stop)
+        steps = prefill_chunks(self.adapter, prompt, cache, draft, self.prefix_cache, stop, chunk)
+        while True:
+            try:
+                done_so_far = next(steps)
+            except StopIteration as end:
+                done = end.value
+                break
+            wf.add("prefill", time.perf_counter() - t0)
+            yield done_so_far
+            t0 = time.perf_counter()
         stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
         wf.add("prefill", time.perf_counter() - t0)   # prefill ends with an eval: its work is done
         return cache, draft, done
@@ -221,7 +257,7 @@ class Lane:
         detok = tokenizer.detokenizer
         detok.reset()
         stats = GenerationStats(mode=self.mode, prompt_tokens=len(prompt.ids))
-        clock = OwnClock()
+        clock = self.clock()
         clock.resume()
         wf = self.last_waterfall = Waterfall(self.waterfall_every)   # kept for benchmarks
         steps = self._steps(prompt, max_tokens, stats, stop, wf)

@@ -5,6 +5,8 @@ token equal to the same request decoded alone, in both lanes and at depths 1-3. 
 verify of the demo model is bit-identical to the lone one, a batched one-token step agrees to
 fp32 rounding (~1e-5: the several-row matmul kernel against the one-row one;
 test_batched_rows_agree_with_alone_to_rounding), so greedy equality holds except at near-ties. Sampled: a chi-square per sequence of a batch against the exact distribution."""
+import re
+from pathlib import Path
 import threading
 from collections import Counter
 
@@ -166,3 +168,186 @@ def test_sampled_batched_sequences_follow_the_exact_distribution(sure_adapter, d
                 counts[k][tuple(ids[1:3])] += 1
     for k in range(len(slots)):
         assert chi_square_pvalue(counts[k], exact[k], sum(counts[k].values())) > 1e-3, k
+
+
+@pytest.mark.parametrize("mode,depth", [("ar", 0), ("mtp", 2)])
+def test_a_long_prompt_admitted_in_chunks_equals_alone(mixed_adapter, mode, depth):
+    """A newcomer admitted while four decode prefills one chunk per step, after their cycle:
+    the others keep getting a token every step, and its output equals decoding it alone (one
+    whole prefill); one admitted into an empty batch prefills whole in one step."""
+    long = [(i * 7) % 500 + 3 for i in range(300)]
+    alone = _decoder(mixed_adapter, mode, depth).generate(long, max_tokens=20)[0]
+    batch = Batch(mixed_adapter, prefill_chunk=32)
+    others = [Sequence(_decoder(mixed_adapter, mode, depth), PROMPTS[i], 200) for i in range(4)]
+    for s in others:
+        batch.join(s)
+    batch.step()
+    new = Sequence(_decoder(mixed_adapter, mode, depth), long, 20)
+    batch.admit(new)
+    out, prefill_steps = [], 0
+    while new in batch.joining or new in batch.running:
+        decoding = [s for s in others if s in batch.running]
+        events = batch.step()
+        assert all(events[s].tokens or events[s].finished for s in decoding)   # nobody waits a step out
+        if new in batch.joining:
+            prefill_steps += 1
+            assert new not in events
+        if new in events:
+            out += events[new].tokens
+    assert out == alone
+    assert prefill_steps == 300 // 32   # the tenth chunk ends the prefill and gives the first token
+
+    empty = Batch(mixed_adapter, prefill_chunk=32)
+    first = Sequence(_decoder(mixed_adapter, mode, depth), long, 20)
+    empty.admit(first)
+    assert empty.step()[first].tokens == alone[:1] and first in empty.running
+
+
+def test_a_newcomer_stopped_while_it_prefills_leaves(mixed_adapter):
+    batch = Batch(mixed_adapter, prefill_chunk=16)
+    batch.join(Sequence(_decoder(mixed_adapter, "mtp", 2), PROMPTS[0], 40))
+    stop = threading.Event()
+    new = Sequence(_decoder(mixed_adapter, "mtp", 2), list(range(5, 200)), 20, stop=stop)
+    batch.admit(new)
+    batch.step()
+    batch.step()
+    assert new in batch.joining and 0 < new.prefilled < 195
+    stop.set()
+    events = batch.step()
+    assert events[new].finish_reason == "stopped" and events[new].tokens == []
+    assert new not in batch.joining and new.cache is None and len(batch.running) == 1
+
+
+def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter):
+    """The AR lane's sequences are pipelined in a batch as the lane pipelines itself (the next
+    step queued before this token is read): each draws its keys in the lane's order, and a
+    grammar advances over the token in flight before its next mask. So sampled replies with
+    the same seed, and grammar-constrained ones, equal decoding alone, in both lanes."""
+    from core import Constraint
+    from core.constraints import lark_grammar
+
+    words = lark_grammar(r'start: /([a-z]+ [0-9]+ )*[a-z]*/')   # a state the mask depends on
+    hot = SamplerConfig(temperature=1.0, top_p=0.95, top_k=20)
+
+    def make(mode, k):
+        constraint = Constraint(mixed_adapter.tokenizer, words, mixed_adapter.contract.vocab_size) if k % 2 else None
+        sampler = hot if k < 4 else GREEDY
+        return (AutoregressiveDecoder(mixed_adapter, sampler=sampler, seed=k, constraint=constraint) if mode == "ar"
+                else SpeculativeDecoder(mixed_adapter, sampler=sampler, seed=k, depth=2, constraint=constraint))
+
+    for mode in ("ar", "mtp"):
+        alone = [make(mode, k).generate(PROMPTS[k], max_tokens=30)[0] for k in range(6)]
+        batch, out = Batch(mixed_adapter), {}
+        seqs = [Sequence(make(mode, k), PROMPTS[k], 30) for k in range(6)]
+        for k, s in enumerate(seqs):
+            out[k] = list(batch.join(s).tokens)
+        while batch.running:
+            for s, ev in batch.step().items():
+                out[seqs.index(s)] += ev.tokens
+        assert [out[k] for k in range(6)] == alone, mode
+        texts = [mixed_adapter.tokenizer.decode(alone[k]) for k in (1, 3, 5)]
+        assert all(re.fullmatch(r"([a-z]+ [0-9]+ )*[a-z]*", t) for t in texts), texts
+        assert any(re.search(r"[0-9]", t) for t in texts), texts   # the grammar's state changed the mask
+
+
+def test_the_gpu_path_batched_equals_alone_in_bf16(tiny_checkpoint):
+    """What a GPU runs when its kernels are off (and around them when on): MLX's own ops in the
+    checkpoint's bf16, attention computed row by row (row_invariant, as backends.choose sets
+    it on a GPU), a batch's rows through the same `few` runner [B, S, H]. Batched greedy
+    decoding equals each request alone in both lanes (rows of a batch round as one row does
+    here: MLX's quantized matmul is row-invariant on this CPU)."""
+    from adapters.qwen3_5.backends import Backend, MlxOps
+
+    adapter = load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **{**MIXED, "bits": 4, "dtype": "bfloat16"})),
+                           compiled=False, compute_dtype="native", log=lambda m: None)
+    adapter.backend = Backend("mlx", MlxOps(row_invariant=True), MlxOps())
+    assert adapter.forward(mx.array([[5, 6]]), adapter.make_cache())[1].dtype == mx.bfloat16
+    for mode, depth in (("ar", 0), ("mtp", 2)):
+        alone = [_decoder(adapter, mode, depth).generate(p, max_tokens=n)[0] for p, n in zip(PROMPTS[:5], LENGTHS[:5])]
+        batched, sizes, _ = run_batched(adapter, mode, depth, PROMPTS[:5], LENGTHS[:5], {0: [0, 1, 2], 3: [3, 4]})
+        assert batched == alone, mode
+        assert max(sizes) == 5
+
+
+RECORDED = Path(__file__).resolve().parent.parent / "docs" / "bench" / "cpu-batch-demo.json"
+
+
+def _threshold(costs, depths=(1, 2, 3)) -> float:
+    """The lowest acceptance (the same at every depth) at which some depth beats plain AR."""
+    from core.costs import predicted_speedup
+
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        a = (lo + hi) / 2
+        if max(predicted_speedup(costs, [a] * 3, d) for d in depths if d in costs.cycles) > 1.0:
+            hi = a
+        else:
+            lo = a
+    return hi
+
+
+def _stats_at(acceptance: float, cycles: int = 100_000):
+    from core.stats import GenerationStats
+
+    stats = GenerationStats(mode="mtp")
+    reached = cycles
+    for _ in range(3):
+        stats.proposed_per_depth.append(reached)
+        stats.accepted_per_depth.append(round(reached * acceptance))
+        reached = round(reached * acceptance)
+    return stats
+
+
+def test_auto_prices_the_batch_size_on_the_recorded_costs():
+    """The cost model measured on the demo model on this CPU (scripts/bench_batch.py --costs:
+    core/batch.py's own steps at 2, 4 and 8 sequences): a batched AR step costs more than one
+    sequence's and less than B of them (one pass over the weights), and 'auto' decides at each
+    batch size with that size's measured cycles: the acceptance a draft needs to pay differs
+    from alone, and between the two the policy speculates at one size and not at the other."""
+    import json
+
+    from core.costs import Costs, DepthPolicy
+
+    costs = Costs.from_dict(json.loads(RECORDED.read_text())["costs"])
+    assert set(costs.batches) == {2, 4, 8}
+    for size, row in costs.batches.items():
+        assert 1.0 < row[0] < size, (size, row)
+        assert costs.at_batch(size).cycles == {d: c for d, c in row.items() if d > 0}
+    alone = _threshold(costs)
+    # Measured (docs/bench/cpu-batch-demo.json): a draft needs acceptance 0.44 to pay alone, 0.57
+    # at 2 sequences, 0.44 at 4, 0.71 at 8: in a batch of 8 speculation pays less.
+    assert _threshold(costs.at_batch(8)) > alone + 0.1
+    for size in (2, 4, 8):
+        together = _threshold(costs.at_batch(size))
+        if abs(together - alone) < 0.01:
+            continue   # priced as alone at this size
+        between = _stats_at((alone + together) / 2)
+        policy = DepthPolicy("auto", 3, costs)
+        speculates = {b: policy.choose(between, b) > 0 for b in (1, size)}
+        assert speculates[1] == (together > alone) and speculates[size] == (together < alone), (size, alone, together)
+
+
+def test_each_sequence_is_priced_at_the_batch_size_it_decodes_in(mixed_adapter):
+    """The batch hands every sequence's depth policy the number of sequences stepping together
+    (those not stopped), each step, so a batch that shrinks is priced smaller."""
+    import json
+
+    from core.costs import Costs
+
+    costs = Costs.from_dict(json.loads(RECORDED.read_text())["costs"])
+    batch, seen = Batch(mixed_adapter), []
+    for i in range(6):
+        d = SpeculativeDecoder(mixed_adapter, sampler=GREEDY, depth="auto", max_depth=3)
+        d.costs = costs
+        batch.join(Sequence(d, PROMPTS[i], LENGTHS[i]))
+    for s in batch.running:
+        choose = s.policy.choose
+        s.policy.choose = lambda stats, size, choose=choose: (seen.append(size), choose(stats, size))[1]
+    sizes = []
+    while batch.running:
+        n = len(batch.running)
+        seen.clear()
+        batch.step()
+        assert seen == [n] * n
+        sizes.append(n)
+    assert len(set(sizes)) > 2

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from core.settings import DEMO_MODEL_DIR
-from tests._webapp_helpers import make_host, served
+from tests._webapp_helpers import Req, make_host, served
 
 QUESTIONS = ["Define harbor.", "What is a noun?", "Tell me about Python lists.", "Name a color.",
              "Why is the sky blue?", "Say hello."]
@@ -72,3 +72,42 @@ def test_a_client_that_leaves_frees_only_its_sequence(host, client):
     assert together == alone
     # Nothing is left in the batch: the leaver's sequence (and its caches) went with its client.
     assert host.worker.call(lambda: (len(host.scheduler.batch.running), len(host.scheduler.streams))) == (0, 0)
+
+
+def test_chat_replies_say_they_are_batched_and_metrics_count_the_batch(host, client):
+    """Three chat replies at once (the UI's own event function, three sessions): while they
+    decode together each shows "batched with N others" where a queued reply shows its position,
+    and its stats say with how many at most; /metrics carries the batch's size as it runs
+    (vLLM's gauge names) and 0 once it is done."""
+    import httpx
+
+    from webapp.chat import ChatHandlers, is_stats
+    from webapp.stops import StopRegistry
+
+    chat = ChatHandlers(host, StopRegistry(), update_interval=0.0)
+    greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="2")
+    running, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            running.append(host.metrics.running._value.get())
+            done.wait(0.005)
+
+    def reply(iq):
+        i, q = iq
+        return list(chat.respond([{"role": "user", "content": q}], "mtp", "", max_tokens=N, request=Req(f"s{i}"),
+                                 **greedy))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(reply, enumerate(QUESTIONS[:3])))
+    done.set()
+    watcher.join()
+    streaming = [m["metadata"]["title"] for out in outs for h in out[:-1] for m in h if is_stats(m)]
+    assert any(t == "👥 batched with 2 others" for t in streaming), streaming
+    finals = [[m["metadata"]["title"] for m in out[-1] if is_stats(m)] for out in outs]
+    assert all("batched with up to" in f[-1] and not any(t.startswith("👥") for t in f) for f in finals), finals
+    assert max(running) >= 2 and host.metrics.running._value.get() == 0
+    text = httpx.get(str(client.base_url).removesuffix("/").removesuffix("/v1") + "/metrics", timeout=30).text
+    assert "vllm:num_requests_running 0.0" in text and "vllm:num_requests_waiting 0.0" in text

@@ -176,6 +176,34 @@ def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
     assert seen == [(1, 9, 8)]  # Metal: MLX's matvec, unsliced
 
 
+def test_cuda_recurrence_runs_a_batch_one_sequence_a_launch(monkeypatch):
+    """A batch's Gated-DeltaNet steps: each sequence through the kernel alone (the kernel takes
+    one sequence), so a batched sequence's states are the ones it gets decoding alone."""
+    launches = []
+
+    def stand_in(q, k, v, g, beta, state, backend="cuda"):
+        launches.append(q.shape[0])
+        y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
+        return y.astype(q.dtype), states
+
+    monkeypatch.setattr(gdn, "gated_delta_steps", stand_in)
+    B, T, Hk, Hv, Dk, Dv = 3, 2, 2, 4, 64, 32
+    keys = mx.random.split(mx.random.key(1), 6)
+    q = mx.random.normal((B, T, Hk, Dk), key=keys[0]) * Dk**-0.5
+    k = mx.random.normal((B, T, Hk, Dk), key=keys[1]) * Dk**-0.5
+    v = mx.random.normal((B, T, Hv, Dv), key=keys[2])
+    g = mx.random.uniform(0.5, 1.0, (B, T, Hv), key=keys[3])
+    beta = mx.random.uniform(0.0, 1.0, (B, T, Hv), key=keys[4])
+    state = mx.random.normal((B, Hv, Dv, Dk), key=keys[5]) * 0.1
+    run = backends.GpuKernels("cuda")
+    y, states = run.recurrence(q, k, v, g, beta, state, None, True)
+    assert launches == [1, 1, 1] and y.shape == (B, T, Hv, Dv) and len(states) == T
+    for b in range(B):
+        y1, s1 = run.recurrence(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1], state[b:b + 1], None, True)
+        assert bool(mx.array_equal(y[b:b + 1], y1))
+        assert all(bool(mx.array_equal(s[b:b + 1], one)) for s, one in zip(states, s1))
+
+
 def test_few_and_long_runners():
     b = backends.Backend("cuda-kernels", backends.GpuKernels("cuda"), backends.MlxOps())
     assert b.runner((1, 1), fast=True) is b.few and b.runner((1, 8), fast=True) is b.few

@@ -1,7 +1,8 @@
 """The Gradio Blocks layout: a shared sampler panel, the Chat tab and the Race tab.
 
-Every event that decodes goes through one queue (``concurrency_id="model"``, limit 1):
-one model, one decode at a time, others see their queue position. The instant steps
+Every event that decodes goes through one queue (``concurrency_id="model"``, limit 1, or
+max_batch when requests are batched): the model's decodes at a time, others see their queue
+position. The instant steps
 (submit, stop, undo, clear) run outside the queue so Stop works while the model is busy.
 Element ids (stable, for automation) are listed in ``ELEMENT_IDS``.
 """
@@ -24,6 +25,14 @@ from .render import CSS, esc  # noqa: E402
 from .stops import StopRegistry  # noqa: E402
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
+
+
+def model_queue(host) -> dict:
+    """One decode at a time, or max_batch when requests are batched (webapp/batching.py): the
+    replies beyond that wait in Gradio's queue and see their position; those inside see
+    "batched with N others" (webapp/chat.py)."""
+    width = int(getattr(host.settings, "max_batch", 1) or 1) if host.scheduler is not None else 1
+    return dict(MODEL_QUEUE, concurrency_limit=width)
 # Checks before a reply (submit, regenerate): through the queue, so a refusal shows its
 # message as a toast (un-queued events show a bare "Error"), but never behind the model.
 INSTANT = dict(queue=True, concurrency_id="instant", concurrency_limit=None, show_progress="hidden")
@@ -73,6 +82,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
     race = RaceHandlers(host, stops)
     runtime = runtime if runtime is not None else describe_runtime()
     default_depth = str(s.depth)
+    queue = model_queue(host)
 
     with gr.Blocks(title="mtp-chat", analytics_enabled=False, fill_width=True) as demo:
         demo.stops = stops   # for tests and the CLI
@@ -141,7 +151,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
         # --- chat events ----------------------------------------------------------------
         respond_args = dict(fn=chat.respond, inputs=[chatbot, mode, system] + sampler + [thinking], outputs=chatbot,
-                            show_progress="full", **MODEL_QUEUE)
+                            show_progress="full", **queue)
         save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
 
         # .success: a refused message or regenerate queues no reply. The checks have no outputs
@@ -163,7 +173,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
         # --- race events ----------------------------------------------------------------
         start.click(race.arm, None, start, queue=False, api_visibility="private").then(
             race.race, [race_prompt, repeats] + sampler, [lane_ar, lane_mtp, race_stats, race_chart, race_json],
-            api_name="race", show_progress="full", show_progress_on=[lane_ar, lane_mtp], **MODEL_QUEUE).then(
+            api_name="race", show_progress="full", show_progress_on=[lane_ar, lane_mtp], **queue).then(
             lambda: gr.update(interactive=True), None, start, queue=False, api_visibility="private")
         race_stop.click(race.stop, None, None, queue=False, api_name="race_stop")
 

@@ -1,8 +1,9 @@
 """Continuous batching on the model thread: requests join a running batch and leave it alone.
 
-The model thread (worker.py) runs this scheduler's `step` whenever no call is waiting: at most
-one newcomer is admitted per step (its prefill runs alone, then it decodes with the others), and
-every running sequence advances by one cycle in shared forwards (core/batch.py). A request's
+The model thread (worker.py) runs this scheduler's `step` whenever no call is waiting: newcomers
+are admitted while there is room, every running sequence advances by one cycle in shared forwards
+(core/batch.py), and then the first newcomer's prefill runs one chunk (`batch_prefill_chunk`
+tokens), so a long prompt stalls the others for a chunk per step, not for its whole prefill. A request's
 thread only waits on its own queue of events, so a slow reader holds nobody back. A cancel or a
 disconnect sets that request's stop: its next event is its last ('stopped'), and its caches are
 dropped in that step; the others do not notice.
@@ -33,10 +34,21 @@ class BatchedStream:
         self.scheduler, self.seq, self.stop_event = scheduler, seq, stop
         self.finished = False
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        # What the UI says of it (webapp/chat.py): how many others shared its latest step, and
+        # the most that shared one; its place among the requests waiting for room (0: inside).
+        self.batched_with = self.most_batched_with = 0
+
+    @property
+    def waiting_position(self) -> int:
+        try:
+            return self.scheduler.waiting.index(self.seq) + 1
+        except ValueError:
+            return 0
 
     # -- the model thread's side ----------------------------------------------------------
-    def put(self, ev, seconds: float) -> None:
+    def put(self, ev, seconds: float, others: int = 0) -> None:
         # The lane reuses one stats object; this reader may look after later steps changed it.
+        self.batched_with, self.most_batched_with = others, max(self.most_batched_with, others)
         self._q.put((dataclasses.replace(ev, stats=copy.copy(ev.stats)), seconds))
 
     def fail(self, exc: BaseException) -> None:
@@ -77,12 +89,13 @@ class BatchedStream:
 
 class BatchScheduler:
     def __init__(self, worker, adapter, max_batch: int, max_batched_tokens: int,
-                 on_finish: Callable = lambda seq, ev: None):
+                 on_finish: Callable = lambda seq, ev: None, prefill_chunk: int = 64,
+                 on_step: Callable = lambda running, waiting: None):
         from core.batch import Batch
 
-        self.worker, self.batch = worker, Batch(adapter)
+        self.worker, self.batch = worker, Batch(adapter, prefill_chunk)
         self.max_batch, self.max_batched_tokens = max_batch, max_batched_tokens
-        self.on_finish = on_finish
+        self.on_finish, self.on_step = on_finish, on_step
         self.waiting: "collections.deque" = collections.deque()
         self.streams = {}        # Sequence -> BatchedStream
         self.steps = 0
@@ -112,46 +125,46 @@ class BatchScheduler:
 
     # -- on the model thread ----------------------------------------------------------------
     def busy(self) -> bool:
-        return bool(self.waiting or self.batch.running)
+        return bool(self.waiting or self.batch.running or self.batch.joining)
 
     def _room(self, seq) -> bool:
-        running = self.batch.running
-        if not running:
+        inside = self.batch.running + self.batch.joining
+        if not inside:
             return True
-        return (len(running) < self.max_batch
-                and sum(s.width for s in running) + seq.width <= self.max_batched_tokens)
+        return (len(inside) < self.max_batch
+                and sum(s.width for s in inside) + seq.width <= self.max_batched_tokens)
 
     def step(self) -> None:
-        if self.waiting and self._room(self.waiting[0]):
-            seq = self.waiting.popleft()
-            t0 = time.perf_counter()
-            try:
-                ev = self.batch.join(seq)
-            except Exception as exc:  # noqa: BLE001 - that request fails, the batch goes on
-                self._drop(seq, exc)
-            else:
-                self._deliver(seq, ev, time.perf_counter() - t0)
-        if not self.batch.running:
+        while self.waiting and self._room(self.waiting[0]):
+            self.batch.admit(self.waiting.popleft())
+        if not (self.batch.running or self.batch.joining):
             return
         t0 = time.perf_counter()
         self.batch_sizes[len(self.batch.running)] += 1
+        inside = len(self.batch.running) + len(self.batch.joining)
+        self.on_step(inside, len(self.waiting))
         try:
             events = self.batch.step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails the sequences in it, not the thread
             print(f"mtp-chat: batched step failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            for seq in list(self.batch.running):
+            for seq in list(self.batch.running) + list(self.batch.joining):
                 self.batch.leave(seq)
                 self._drop(seq, exc)
             return
         self.steps += 1
         dt = time.perf_counter() - t0
         for seq, ev in events.items():
-            self._deliver(seq, ev, dt)
+            if isinstance(ev, BaseException):
+                self._drop(seq, ev)
+            else:
+                self._deliver(seq, ev, dt, inside - 1)
+        if not (self.batch.running or self.batch.joining or self.waiting):
+            self.on_step(0, 0)
 
-    def _deliver(self, seq, ev, seconds: float) -> None:
+    def _deliver(self, seq, ev, seconds: float, others: int = 0) -> None:
         stream = self.streams.get(seq)
         if stream is not None:
-            stream.put(ev, seconds)
+            stream.put(ev, seconds, others)
         if ev.finished:
             self.streams.pop(seq, None)
             self.on_finish(seq, ev)

@@ -53,11 +53,13 @@ class Calibration:
     """What the cost model of one loaded adapter is, and the work of measuring it."""
 
     def __init__(self, adapter, worker, path: Optional[Path], costs_dir: Optional[str], max_depth: int,
-                 log: Callable[[str], None] = lambda m: None):
+                 log: Callable[[str], None] = lambda m: None, max_batch: int = 1):
         from core import calibrate
 
         self.adapter, self.worker, self.log = adapter, worker, log
         self.max_width = max_depth + 1
+        # Batched requests: 'auto' prices the batch size too (core.costs.Costs.at_batch).
+        self.batch_sizes = calibrate.batch_sizes_up_to(max_batch)
         self._pending = set()          # buckets asked for and not measured yet
         self.file = None
         if costs_dir != "":
@@ -71,7 +73,7 @@ class Calibration:
     def needed(self, context: int) -> bool:
         from core.calibrate import needs_calibration
 
-        return needs_calibration(self.adapter, self.max_width, context)
+        return needs_calibration(self.adapter, self.max_width, context, self.batch_sizes)
 
     def measure_now(self, context: int = 64) -> bool:
         """Measure on the model thread, waiting for it (warm-up); True when something was measured."""
@@ -79,7 +81,8 @@ class Calibration:
 
         if not self.needed(context):
             return False
-        self.worker.call(lambda: [None for _ in calibration(self.adapter, self.max_width, context)])
+        self.worker.call(lambda: [None for _ in calibration(self.adapter, self.max_width, context,
+                                                            batch_sizes=self.batch_sizes)])
         self._save()
         return True
 
@@ -97,7 +100,7 @@ class Calibration:
         from core.calibrate import calibration
 
         try:
-            yield from calibration(self.adapter, self.max_width, context)
+            yield from calibration(self.adapter, self.max_width, context, batch_sizes=self.batch_sizes)
         finally:
             self._pending.discard(bucket)
         self._save()

@@ -108,6 +108,17 @@ class Reply:
         return out
 
 
+def sharing(stream) -> List[dict]:
+    """While a reply decodes in a batch (webapp/batching.py), a line that says with how many
+    others: where a request that waits its turn would show its queue position."""
+    n = getattr(stream, "batched_with", 0)
+    if not n:
+        return []
+    msg = assistant("", title=f"👥 batched with {n} other{'s' if n > 1 else ''}")
+    msg["metadata"]["status"] = "pending"
+    return [msg]
+
+
 def until_last_question(history: List[dict]) -> List[dict]:
     """The history up to and including its last user message ([] if it has none)."""
     last = max((i for i, m in enumerate(history) if m["role"] == "user"), default=-1)
@@ -226,7 +237,7 @@ class ChatHandlers:
                 now = time.monotonic()
                 if not ev.finished and now - last >= self.update_interval:
                     last = now
-                    yield history + reply.messages()
+                    yield history + reply.messages() + sharing(stream)
             text = reply.answer
             out = history + reply.messages()
             if stats is not None:
@@ -235,7 +246,8 @@ class ChatHandlers:
                 if mode == "ar" and s.get("finish_reason") != "stopped":
                     self.host.note_ar_speed(params, context, s.get("tokens_per_second", 0.0), s.get("generated_tokens", 0))
                 reference = self.host.ar_reference(params, context, s.get("generated_tokens", 0))
-                title, details = reply_stats(s, mode, reference, params.depth)
+                title, details = reply_stats(s, mode, reference, params.depth,
+                                             batched_with=getattr(stream, "most_batched_with", 0))
                 out.append(assistant(details, title=title, duration=round(s.get("compute_seconds") or 0.0, 3)))
             if self.stops.closing:   # Ctrl+C / SIGTERM on the server (webapp/server.py)
                 out.append(assistant(self.stops.closing, title="⏹ server shutting down"))

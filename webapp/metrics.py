@@ -9,7 +9,7 @@ accepted tokens are drafts the target confirmed, and `..._per_pos` splits them b
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LABELS = ("lane", "depth", "source")
 # Time to first token is mostly prefill (seconds at long contexts on a CPU); time per output token
@@ -40,6 +40,13 @@ class Metrics:
         self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                         "Accepted drafted tokens by draft position (0 = first draft)",
                                         LABELS + ("position",), registry=r)
+        # Continuous batching (webapp/batching.py), as of its latest step; vLLM's names.
+        self.running = Gauge("vllm:num_requests_running", "Requests decoding together in the batch", registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for room in the batch", registry=r)
+
+    def batch(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
 
     def observe(self, stats, *, depth, source: str) -> None:
         """Count one ended decode from its final GenerationStats."""

@@ -68,9 +68,12 @@ class ModelHost:
 
             self.scheduler = BatchScheduler(self.worker, adapter, int(settings.max_batch),
                                             int(getattr(settings, "max_batched_tokens", 64)),
-                                            on_finish=self._batched_done)
+                                            on_finish=self._batched_done,
+                                            prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)),
+                                            on_step=self.metrics.batch)
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
-                                       self.max_depth, log=log)
+                                       self.max_depth, log=log,
+                                       max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
 
     def _disk_cache(self, log: Callable[[str], None]):
         """The prefix cache's disk store (settings cache_dir, disk_cache_mb, disk_cache_ttl_hours),

@@ -325,9 +325,10 @@ def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
 THINKING_TITLE = "💭 Thinking"
 
 
-def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tuple[str, str]:
+def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1, batched_with: int = 0) -> Tuple[str, str]:
     """(title, details markdown) for a chat reply's stats message. `reference`: the AR speed at
-    this reply's sampler, prompt length and reply length (webapp.ar_reference.Reference) or None."""
+    this reply's sampler, prompt length and reply length (webapp.ar_reference.Reference) or None;
+    `batched_with`: the most other requests it decoded together with (webapp/batching.py)."""
     tps = stats.get("tokens_per_second", 0.0) or 0.0
     n = stats.get("generated_tokens", 0) or 0
     short = 0 < n < SHORT_REPLY_TOKENS
@@ -344,6 +345,8 @@ def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1) -> Tu
         if reference is not None and tps and not short and stats.get("finish_reason") != "stopped":
             speedup = tps / reference.tokens_per_second
             bits.append(f"≈{speedup:.2f}× vs AR (same sampler, context & length)")
+    if batched_with:
+        bits.append(f"batched with up to {batched_with} other{'s' if batched_with > 1 else ''}")
     if stats.get("finish_reason") == "stopped":
         bits.append("stopped")
     cached = stats.get("cached_tokens") or 0

@@ -343,9 +343,16 @@ class GpuKernels(MlxOps):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
-        if mask is None and gdn.gdn_supported(q.shape, v.shape, state.dtype):
-            # One launch for all positions, a separate fp32 buffer per state.
-            return gdn.gated_delta_steps(q, k, v, g, beta, state, backend=self.backend)
+        B = q.shape[0]
+        if mask is None and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
+            # One launch for all positions, a separate fp32 buffer per state; a batch's sequences
+            # one launch each, so that each computes what it computes alone.
+            runs = [gdn.gated_delta_steps(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1],
+                                          state[b:b + 1], backend=self.backend) for b in range(B)]
+            if B == 1:
+                return runs[0]
+            return (mx.concatenate([y for y, _ in runs]),
+                    [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
 
 
@@ -374,7 +381,11 @@ class Backend:
     def __init__(self, name: str, few: MlxOps, long: MlxOps, note: str = ""):
         self.name, self.few, self.long, self.note = name, few, long, note
         # MLX's own ops, and a GPU's row kernels, take a batch's rows as they are; the compiled
-        # CPU runner drops the batch axis, so its backend sets a batched one of its own.
+        # CPU runner drops the batch axis, so its backend sets a batched one of its own. On a GPU
+        # a batch [B, S, H] reaches GpuKernels.linear as B*S rows, given to MLX's matmul at most
+        # 4 a call (each row as alone); the recurrence kernel runs once per sequence; attention
+        # runs per sequence over its own cache, row-invariant as alone. tests/test_batch.py runs
+        # the MLX-ops path (bf16, row-invariant attention) on the CPU.
         self.batch = few
 
     def runner(self, shape, fast: bool) -> MlxOps:
