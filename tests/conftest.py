@@ -22,6 +22,11 @@ if str(REPO) not in sys.path:
 
 # Measured cost models go to a directory of this run (not ~/.cache), also for the servers tests start.
 os.environ.setdefault("MTP_CHAT_COSTS_DIR", tempfile.mkdtemp(prefix="mtp-chat-costs-"))
+# Under pytest-xdist each worker measures into a folder of its own: two workers saving the same
+# model's costs at once would race on one temporary file (core/calibrate.save).
+if os.environ["MTP_CHAT_COSTS_DIR"] and os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["MTP_CHAT_COSTS_DIR"] = os.path.join(os.environ["MTP_CHAT_COSTS_DIR"], os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["MTP_CHAT_COSTS_DIR"], exist_ok=True)
 # The prefix cache on disk is off unless a test turns it on with a folder of its own: entries left
 # by one test's server would otherwise be found by the next (tests/test_disk_restart.py).
 os.environ.setdefault("MTP_CHAT_CACHE_DIR", "")
@@ -78,6 +83,30 @@ def mixed_adapter(tiny_checkpoint):
 def sure_adapter(tiny_checkpoint):
     """A float tiny checkpoint whose head accepts most sampled drafts (tests/_engine_helpers.SURE)."""
     return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **SURE)))
+
+
+# --- Parallel runs ------------------------------------------------------------------------------
+# scripts/test.sh runs pytest-xdist with --dist loadgroup. A module's tests share module-scoped
+# fixtures (a served app, trained weights) and some follow on from each other, so each module is
+# one group, run on one worker. The modules in SPREAD are long series of independent tests whose
+# module fixture is cheap to build again: each of their tests is a group of its own, so both
+# workers take part. Modules run longest first (SLOWEST, measured on a 2-core CPU) so that no
+# worker is left alone with a long module at the end (scripts/test.sh passes --no-loadscope-reorder,
+# or xdist would reorder the groups by their number of tests).
+SPREAD = {"test_structured_clients.py", "test_gemma4.py", "test_engine_exactness.py", "test_families.py",
+          "test_constraints.py"}
+SLOWEST = ["test_api_tools.py", "test_structured_clients.py", "test_gemma4.py", "test_disk_restart.py",
+           "test_server_shutdown.py", "test_engine_exactness.py", "test_families.py", "test_constraints.py",
+           "test_prefix_cache.py", "test_webapp_browser.py", "test_lm_eval.py"]
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST)))   # stable: the rest keep their order
+    for item in items:
+        if item.path.name not in SPREAD:   # (a test without a group is a group of its own)
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 # --- No silent skips under CI --------------------------------------------------------------------
