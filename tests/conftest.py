@@ -100,6 +100,11 @@ SLOWEST = ["test_api_tools.py", "test_structured_clients.py", "test_gemma4.py", 
            "test_prefix_cache.py", "test_webapp_browser.py", "test_lm_eval.py"]
 
 
+def pytest_configure(config):
+    # xdist declares it; declared here too, for a run without xdist installed (no unknown-mark warnings)
+    config.addinivalue_line("markers", "xdist_group(name): tests run on one pytest-xdist worker")
+
+
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST)}
