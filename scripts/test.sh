@@ -30,10 +30,10 @@ if ! [ -x /usr/bin/chromium ]; then
 fi
 
 # One pytest-xdist worker per core (MTP_CHAT_TEST_WORKERS sets another count; 0 runs in this
-# process); each test module stays on one worker (tests/conftest.py groups them).
+# process); each test module runs whole on one worker, the slowest first (tests/conftest.py).
 workers="${MTP_CHAT_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
 set +e
-.venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 set -e
 exit $status

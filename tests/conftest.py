@@ -86,32 +86,21 @@ def sure_adapter(tiny_checkpoint):
 
 
 # --- Parallel runs ------------------------------------------------------------------------------
-# scripts/test.sh runs pytest-xdist with --dist loadgroup. A module's tests share module-scoped
-# fixtures (a served app, trained weights) and some follow on from each other, so each module is
-# one group, run on one worker. The modules in SPREAD are long series of independent tests whose
-# module fixture is cheap to build again: each of their tests is a group of its own, so both
-# workers take part. Modules run longest first (SLOWEST, measured on a 2-core CPU) so that no
-# worker is left alone with a long module at the end (scripts/test.sh passes --no-loadscope-reorder,
-# or xdist would reorder the groups by their number of tests).
-SPREAD = {"test_structured_clients.py", "test_gemma4.py", "test_engine_exactness.py", "test_families.py",
-          "test_constraints.py"}
-SLOWEST = ["test_api_tools.py", "test_structured_clients.py", "test_gemma4.py", "test_disk_restart.py",
-           "test_server_shutdown.py", "test_engine_exactness.py", "test_families.py", "test_constraints.py",
+# scripts/test.sh runs pytest-xdist with --dist loadfile: a module's tests share module-scoped
+# fixtures (a served app, trained weights) and some follow on from each other, so each module runs
+# whole on one worker. (--dist loadgroup could split the long modules, but xdist 3.8 marks groups by
+# rewriting Item._nodeid, which pytest 9 no longer reads: its groups are silently ignored.) Modules
+# run longest first (SLOWEST, measured on a 2-core CPU) so that no worker is left alone with a long
+# module at the end; scripts/test.sh passes --no-loadscope-reorder, or xdist would order the
+# modules by their number of tests.
+SLOWEST = ["test_api_tools.py", "test_structured_clients.py", "test_gemma4.py", "test_engine_exactness.py",
+           "test_families.py", "test_constraints.py", "test_disk_restart.py", "test_server_shutdown.py",
            "test_prefix_cache.py", "test_webapp_browser.py", "test_lm_eval.py"]
 
 
-def pytest_configure(config):
-    # xdist declares it; declared here too, for a run without xdist installed (no unknown-mark warnings)
-    config.addinivalue_line("markers", "xdist_group(name): tests run on one pytest-xdist worker")
-
-
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST)))   # stable: the rest keep their order
-    for item in items:
-        if item.path.name not in SPREAD:   # (a test without a group is a group of its own)
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 # --- No silent skips under CI --------------------------------------------------------------------
