@@ -19,6 +19,8 @@ from __future__ import annotations
 
 # Fast BLAS on Linux: must run before anything imports mlx.core (see adapters/runtime.py).
 from .runtime import preload_blas as _preload; _preload()  # noqa: E402,E702,I001
+# MLX CUDA's compiled kernels kept across processes: before mlx.core starts (adapters/kernel_cache.py).
+from .kernel_cache import persist as _persist; _persist()  # noqa: E402,E702,I001
 
 from pathlib import Path
 from typing import Callable, Optional, Union

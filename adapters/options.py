@@ -3,8 +3,9 @@
 Every value has its default in core/settings.py (so MTP_CHAT_COMPILED=0, MTP_CHAT_GPU_KERNELS=0
 and the like work from the environment or a .env file, as every other setting); a caller may
 override any of them. Nothing under adapters/ reads the environment itself, except the BLAS
-preload (adapters/runtime.py), which must run before mlx is imported and so before the
-settings model can be (core imports mlx).
+preload (adapters/runtime.py) and the kernel cache's folder (adapters/kernel_cache.py: MLX's
+own MLX_PTX_CACHE_DIR), which must run before mlx is imported and so before the settings
+model can be (core imports mlx).
 """
 from __future__ import annotations
 

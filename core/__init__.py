@@ -4,7 +4,7 @@ from .constraints import Constraint, GrammarError
 from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prompt
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
-from .reasoning import ThinkSplitter, opens_thinking, split_reply
+from .reasoning import THINK, THOUGHT_CHANNEL, Markers, ThinkSplitter, markers_for, opens_thinking, split_reply
 from .costs import Costs, DepthPolicy, predicted_speedup
 from .decoders import AutoregressiveDecoder, SpeculativeDecoder
 from .calibrate import measure_costs
@@ -19,6 +19,7 @@ __all__ = [
     "chat_prompt_ids", "measure_costs", "Costs", "DepthPolicy", "predicted_speedup",
     "NonFiniteLogitsError", "residual", "verify_drafts", "synchronize", "Prompt", "PrefixCache", "PrefillStopped",
     "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
-    "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Adapter", "State",
+    "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Markers", "markers_for", "THINK",
+    "THOUGHT_CHANNEL", "Adapter", "State",
     "Constraint", "GrammarError", "TokenLogprob", "prompt_logprobs",
 ]

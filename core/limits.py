@@ -21,7 +21,12 @@ CHARS_PER_TOKEN = 8
 
 
 class ContextError(ValueError):
-    """The request does not fit the model's context; the message says how to fix it."""
+    """The request does not fit the model's context; the message says how to fix it.
+    `prompt_tokens` and `window` when the prompt was counted (protocols that report them)."""
+
+    def __init__(self, message: str, prompt_tokens: Optional[int] = None, window: Optional[int] = None):
+        super().__init__(message)
+        self.prompt_tokens, self.window = prompt_tokens, window
 
 
 class InputTooLarge(ContextError):
@@ -93,7 +98,7 @@ def fit_chat(adapter, messages: Sequence[dict], max_tokens: int, *, trim: bool =
     prompt = render(options[lo])
     if len(prompt.ids) + max_tokens > window:
         if not trim:
-            raise ContextError(_too_long(len(prompt.ids), max_tokens, window))
+            raise ContextError(_too_long(len(prompt.ids), max_tokens, window), len(prompt.ids), window)
         hi = len(options) - 1  # binary search the fewest dropped turns that fit
         best = None
         while lo <= hi:
@@ -104,7 +109,8 @@ def fit_chat(adapter, messages: Sequence[dict], max_tokens: int, *, trim: bool =
             else:
                 lo = mid + 1
         if best is None:
-            raise ContextError(_too_long(len(render(options[-1]).ids), max_tokens, window))
+            n = len(render(options[-1]).ids)
+            raise ContextError(_too_long(n, max_tokens, window), n, window)
         lo, prompt = best
     dropped = options[lo] - first
     notice = (f"The {dropped} oldest message{'s' if dropped != 1 else ''} did not fit the model's context "

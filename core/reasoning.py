@@ -2,24 +2,42 @@
 
 Qwen3.5-style templates open a `<think>` block in the generation prompt, so the reply begins
 inside it and the model closes it with `</think>` before the answer; other templates let the
-model open the block itself. The splitter turns streamed text into ("reasoning", text) and
-("content", text) pieces, holding back a partial tag until it is complete.
+model open the block itself. Gemma 4 writes its reasoning in a thought channel,
+`<|channel>thought\n ... <channel|>`: with thinking on the model opens it itself; with thinking
+off its template closes an empty one in the generation prompt. The markers come from the chat
+template (`markers_for`). The splitter turns streamed text into ("reasoning", text) and
+("content", text) pieces, holding back a partial marker until it is complete.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
-OPEN, CLOSE = "<think>", "</think>"
+
+@dataclass(frozen=True)
+class Markers:
+    open: str
+    close: str
 
 
-def opens_thinking(prompt_text: str) -> bool:
+THINK = Markers("<think>", "</think>")                      # Qwen, DeepSeek and most others
+THOUGHT_CHANNEL = Markers("<|channel>thought", "<channel|>")  # Gemma 4
+
+
+def markers_for(chat_template: Optional[str]) -> Markers:
+    """The reasoning markers a chat template writes (Gemma 4's thought channel, else <think>)."""
+    return THOUGHT_CHANNEL if chat_template and THOUGHT_CHANNEL.close in chat_template else THINK
+
+
+def opens_thinking(prompt_text: str, markers: Markers = THINK) -> bool:
     """True when the prompt ends inside an open think block (the generation prompt opened it)."""
-    return prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+    return prompt_text.rfind(markers.open) > prompt_text.rfind(markers.close)
 
 
 class ThinkSplitter:
-    def __init__(self, inside: bool = False):
+    def __init__(self, inside: bool = False, markers: Markers = THINK):
         self.inside = inside
+        self.markers = markers
         self._held = ""
         self._at_start = True   # strip the newlines a section starts with
 
@@ -39,7 +57,7 @@ class ThinkSplitter:
         text = self._held + text
         self._held = ""
         while text:
-            tag = CLOSE if self.inside else OPEN
+            tag = self.markers.close if self.inside else self.markers.open
             i = text.find(tag)
             if i >= 0:
                 self._emit(out, text[:i])
@@ -61,9 +79,9 @@ class ThinkSplitter:
         return out
 
 
-def split_reply(text: str, inside: bool = False) -> Tuple[str, str]:
+def split_reply(text: str, inside: bool = False, markers: Markers = THINK) -> Tuple[str, str]:
     """A whole reply -> (reasoning, answer)."""
-    s = ThinkSplitter(inside)
+    s = ThinkSplitter(inside, markers)
     parts = s.feed(text) + s.flush()
     return ("".join(t for k, t in parts if k == "reasoning").strip(),
             "".join(t for k, t in parts if k == "content").strip())

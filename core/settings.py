@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # forwards, and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
+    # Continuous batching (webapp/batching.py, core/batch.py): requests decode together, each
+    # exactly as alone. max_batch sequences at once (1: one at a time); max_batched_tokens caps
+    # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).
+    max_batch: int = Field(1, ge=1, le=64)
+    max_batched_tokens: int = Field(64, ge=1, le=4096)
     # Measured cost models (core/calibrate.py) are saved here per machine and model and reused
     # at the next start; None: ~/.cache/mtp-chat/costs. "" turns saving off.
     costs_dir: Optional[str] = None

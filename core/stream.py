@@ -206,9 +206,11 @@ class Lane:
         stop_strings: Sequence[str] = (),
         thinking: bool = False,
         logprobs: Optional[int] = None,
+        think_end: str = THINK_END,
     ) -> Iterator[StreamEvent]:
         """Events of one reply. `thinking`: the reply starts inside a think block (the template
-        opened it); stop strings then apply to the answer only, not to the reasoning.
+        opened it), which `think_end` closes (the template's marker, core.reasoning); stop
+        strings then apply to the answer only, not to the reasoning.
         `logprobs`: each event also carries its tokens' log-probabilities with this many
         alternatives (core.logprobs)."""
         if max_tokens < 1:
@@ -254,8 +256,8 @@ class Lane:
                 new_text = detok.text[len(text_so_far):]
                 if stop_strings:
                     full = text_so_far + new_text
-                    if thinking and answer_from is None and THINK_END in full:
-                        answer_from = full.index(THINK_END) + len(THINK_END)
+                    if thinking and answer_from is None and think_end in full:
+                        answer_from = full.index(think_end) + len(think_end)
                     since = answer_from if answer_from is not None else len(full)
                     hits = [full.find(s, max(since, len(text_so_far) - len(s))) for s in stop_strings if s]
                     hits = [h for h in hits if h >= 0]

@@ -132,9 +132,38 @@ QWEN35_TEMPLATE = (
     "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
     "{%- endif -%}"
 )
-TEMPLATES = {"chatml": CHAT_TEMPLATE, "qwen3_5": QWEN35_TEMPLATE}
+# A Gemma 4-style template (template="gemma4", the 26B/31B chat_template.jinja's shape): turns as
+# <|turn>ROLE ... <turn|>, the assistant's role named "model"; thinking on puts <|think|> at the top
+# of a system turn and the model opens its own <|channel>thought ... <channel|> block; thinking off
+# (the default) closes an empty one in the generation prompt. Earlier turns' thoughts are dropped.
+GEMMA4_TEMPLATE = (
+    "{%- set enable_thinking = enable_thinking | default(false) -%}"
+    "{%- set first_system = messages and messages[0].role == 'system' -%}"
+    "{%- if enable_thinking or first_system -%}"
+    "{{- '<|turn>system\n' -}}"
+    "{%- if enable_thinking -%}{{- '<|think|>\n' -}}{%- endif -%}"
+    "{%- if first_system -%}{{- messages[0].content -}}{%- endif -%}"
+    "{{- '<turn|>\n' -}}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if not (loop.first and first_system) -%}"
+    "{%- set content = m.content if m.content is string else '' -%}"
+    "{%- if m.role == 'assistant' and '<channel|>' in content -%}"
+    "{%- set content = content.split('<channel|>')[-1].lstrip('\n') -%}"
+    "{%- endif -%}"
+    "{{- '<|turn>' + ('model' if m.role == 'assistant' else m.role) + '\n' + content + '<turn|>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|turn>model\n' -}}"
+    "{%- if not enable_thinking -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+TEMPLATES = {"chatml": CHAT_TEMPLATE, "qwen3_5": QWEN35_TEMPLATE, "gemma4": GEMMA4_TEMPLATE}
 # Added (non-special) tokens of the Qwen3.5 template, as Qwen's tokenizer has them.
 QWEN35_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+GEMMA4_TOKENS = ("<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>")
+TEMPLATE_TOKENS = {"qwen3_5": QWEN35_TOKENS, "gemma4": GEMMA4_TOKENS}
 
 SIDECAR_KEY_MODES = ("both", "extra", "mtp_file", "none")
 DEFAULT_SIDECAR = "optiq/mtp.safetensors"
@@ -236,7 +265,7 @@ def _train_tokenizer_json(vocab_size: int, extra_tokens=()) -> str:
 
 
 def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int, template: str = "chatml") -> dict:
-    js = _train_tokenizer_json(vocab_size, QWEN35_TOKENS if template == "qwen3_5" else ())
+    js = _train_tokenizer_json(vocab_size, TEMPLATE_TOKENS.get(template, ()))
     (out / "tokenizer.json").write_text(js)
     ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
     # Every added token (fillers and specials) with its id: transformers rebuilds the added

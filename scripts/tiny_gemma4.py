@@ -201,9 +201,14 @@ def make_tiny_gemma4(out_dir: Union[str, Path], *, size: str = "small", layout: 
     tc = backbone_text_config(size, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size,
                               sliding_window=sliding_window, moe=moe, max_position_embeddings=max_position_embeddings)
     ids = _write_tokenizer(out, vocab_size, max_position_embeddings, template)
+    eos = [ids[EOS_TOKEN]]
+    if template == "gemma4":  # its turns end with <turn|>, as Gemma 4's do
+        from tokenizers import Tokenizer
+
+        eos.append(Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<turn|>"))
     tc.update(eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN], bos_token_id=ids[PAD_TOKEN])
     config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": tc,
-              "tie_word_embeddings": True, "eos_token_id": [ids[EOS_TOKEN]], "dtype": "bfloat16",
+              "tie_word_embeddings": True, "eos_token_id": eos, "dtype": "bfloat16",
               "vocab_size": vocab_size}   # mlx-lm copies it into text_config (default 262144)
     model = gemma4.Model(gemma4.ModelArgs.from_dict(json.loads(json.dumps(config))))
     bw = _backbone_weights(model, tc, rng, logit_std=logit_std, mlp_gain=mlp_gain, attn_gain=attn_gain)
@@ -233,7 +238,7 @@ def make_tiny_gemma4(out_dir: Union[str, Path], *, size: str = "small", layout: 
             weights[p + "k_norm.weight"] = mx.ones((d,))
     _save_trunk(out, weights, get_total_parameters(model), None)
     save_config(config, out / "config.json")
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [ids[EOS_TOKEN]]}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=2))
 
     ddir = Path(drafter_dir) if drafter_dir else out / "assistant"
     ddir.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ def messages_cases(count: bool) -> list:
     said = lambda b: USER + [{"role": "assistant", "content": [b]}]                  # noqa: E731
     bad = {
         "model": [None, 5, 1.5, [], {}, True, "claude-opus-4-5", "../../etc/passwd", "x" * 10000, "", "demo2"],
-        "messages": [None, [], "hi", 5, {}, [{}], [1, 2], [{"role": "system", "content": "x"}], [{"role": "user"}],
+        "messages": [None, [], "hi", 5, {}, [{}], [1, 2], [{"role": "system", "content": 5}], [{"role": "user"}],
                      [{"role": "tool", "content": "x"}], [{"role": "user", "content": 5}],
                      [{"role": "user", "content": {"type": "text"}}], [{"role": "user", "content": [5]}],
                      [{"role": "user", "content": "x" * 3_000_000}],
@@ -88,10 +88,12 @@ def responses_cases() -> list:
                   item({"type": "item_reference", "id": "x"}), item({"type": "web_search_call"}), item({"type": 5}),
                   "x" * 3_000_000],
         "instructions": WRONG_TYPES,
-        "tools": ["x", 5, {}, [1], [{"type": "web_search"}], [{"type": "file_search"}], [{"type": "function"}],
+        "tools": ["x", 5, {}, [1], [{"type": "computer"}], [{"type": "namespace", "name": "n", "tools": [{"type": "function"}]}],
+                  [{"type": "namespace", "name": "n", "tools": [5]}], [{"type": "function"}],
                   [{"type": "function", "name": ""}], [{"type": "function", "name": 5}],
                   [{"type": "function", "name": "f", "parameters": "x"}], [{"type": "function", "name": "f", "description": 5}]],
-        "tool_choice": ["required", "sometimes", 5, [], {"type": "function", "name": "f"}, {"type": "function"}],
+        "tool_choice": ["required", "sometimes", 5, [], {"type": "function", "name": "f"}, {"type": "function"},
+                        {"type": "web_search"}],
         "max_output_tokens": [0, -1, "x", 1.5, 10**40, True, [], 32769],
         "stream": ["yes", 1, [], "true"], "store": ["yes", 1, []],
         "previous_response_id": [5, [], {}, "resp_unknown", "x" * 1000],

@@ -328,3 +328,73 @@ def test_one_api_conversation(tiny_checkpoint):
     from tests._webapp_helpers import make_host, two_turn_api_conversation
 
     two_turn_api_conversation(make_host(pair(tiny_checkpoint, "small")), depth=3)
+
+
+def test_gemma4s_thought_channel_is_reasoning(tiny_checkpoint):
+    """Gemma 4 writes its reasoning as <|channel>thought ... <channel|> (thinking on: the model
+    opens it; off: the template closes an empty one in the generation prompt). The host takes its
+    markers from the template, and the API's shaper and the chat's reply split on them."""
+    from core import THOUGHT_CHANNEL, split_reply
+    from tests._webapp_helpers import make_host
+    from webapp.api_text import ReplyShaper, join
+    from webapp.chat import Reply
+
+    host = make_host(pair(tiny_checkpoint, "small", template="gemma4"))
+    assert host.has_thinking and host.reasoning == THOUGHT_CHANNEL
+    tok = host.tokenizer
+    assert len(tok.encode("<|channel>", add_special_tokens=False)) == 1
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<|channel>thought\nsecret plan<channel|>Hello."},
+            {"role": "user", "content": "Why?"}]
+    off = tok.decode(list(host.fit(msgs, 32, enable_thinking=False).prompt.ids))
+    on = tok.decode(list(host.fit(msgs, 32, enable_thinking=True).prompt.ids))
+    assert off.endswith("<|turn>model\n<|channel>thought\n<channel|>") and "<|think|>" not in off
+    assert on.endswith("<|turn>model\n") and on.startswith("<|turn>system\n<|think|>\nBe brief.")
+    assert "secret plan" not in on and "<|turn>model\nHello.<turn|>" in on     # earlier thoughts dropped
+    assert not host.opens_thinking(host.fit(msgs, 32, enable_thinking=False).prompt)
+    assert not host.opens_thinking(host.fit(msgs, 32, enable_thinking=True).prompt)
+
+    raw = "<|channel>thought\nFirst, the sky.\n<channel|>It is blue."
+    assert split_reply(raw, markers=THOUGHT_CHANNEL) == ("First, the sky.", "It is blue.")
+    assert split_reply(raw) == ("", raw)                   # the <think> markers would not see it
+    for cut in range(1, len(raw)):                         # any split of the stream, a marker cut too
+        shaper = ReplyShaper(reasoning=True, markers=host.reasoning)
+        deltas = shaper.feed(raw[:cut]) + shaper.feed(raw[cut:])
+        deltas += shaper.finish()[0]
+        content, reasoning = join(deltas)
+        assert (content, reasoning.strip()) == ("It is blue.", "First, the sky."), cut
+        reply = Reply(False, host.reasoning)
+        reply.feed(raw[:cut])
+        reply.feed(raw[cut:], finished=True)
+        assert (reply.reasoning.strip(), reply.answer) == ("First, the sky.", "It is blue."), cut
+    eos = set(tok.eos_token_ids)
+    assert tok.encode("<turn|>", add_special_tokens=False)[0] in eos    # a turn's end stops the reply
+
+
+def test_sliding_layers_hold_the_window_not_the_context(gemma_adapters):
+    """A sliding-window layer's cache holds at most the window plus one block (adapters/gemma4/
+    sliding.py), gives the logits a whole-context cache gives, and still drops any rejected
+    suffix after it has slid."""
+    from mlx_lm.models.cache import KVCache
+
+    from adapters.gemma4.sliding import SlidingKVCache
+
+    ad = gemma_adapters("small")
+    ids = [(7 * i + 3) % 500 for i in range(300)]
+    sliding, whole = ad.make_cache(), [KVCache() for _ in range(ad.n_cache)]
+    kinds = ad.args.layer_types[: ad.n_cache]
+    assert [isinstance(c, SlidingKVCache) for c in sliding] == [k == "sliding_attention" for k in kinds]
+    for chunk in ([ids[:100]] + [ids[i:i + 1] for i in range(100, 200)] + [ids[200:204]]):
+        a, _, _ = ad.forward(mx.array([chunk]), sliding)
+        b, _, _ = ad.forward(mx.array([chunk]), whole)
+        assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()
+    for c in sliding:
+        if isinstance(c, SlidingKVCache):
+            assert c.start > 0 and c.held <= WINDOW + c.every and c.offset == 204
+    # a verify of 4 after the slide, rolled back to 1: the same as decoding that one token
+    _, _, cap = ad.forward(mx.array([[9, 8, 7, 6]]), sliding, capture=True)
+    ad.rollback(sliding, cap, keep=1)
+    _ = ad.forward(mx.array([[9]]), whole)
+    a, _, _ = ad.forward(mx.array([[11]]), sliding)
+    b, _, _ = ad.forward(mx.array([[11]]), whole)
+    assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()

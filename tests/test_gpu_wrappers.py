@@ -5,6 +5,8 @@ The kernels themselves run only on CUDA / Metal: scripts/gpu_check.py tests them
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -273,3 +275,44 @@ def test_the_moe_gpu_checkpoint_builder_at_a_small_shape(tmp_path):
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate([5, 6, 7], max_tokens=24)
     assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate([5, 6, 7], max_tokens=24)[0] == ar
+
+
+def test_compiled_kernels_are_kept_per_gpu_architecture(tmp_path, monkeypatch):
+    """MLX CUDA's PTX cache moves from /tmp to the user's cache, one folder per mlx version and
+    GPU architecture; a user's own MLX_PTX_CACHE_DIR wins; without MLX CUDA nothing is set."""
+    from adapters import kernel_cache
+
+    monkeypatch.setattr(kernel_cache, "_folder", None)   # put back after the test
+
+    env = {"HOME": str(tmp_path)}
+    got = kernel_cache.persist(env, cuda=True, arch="NVIDIA-H200-sm90")
+    assert got == env["MLX_PTX_CACHE_DIR"] == kernel_cache.folder()
+    assert got.startswith(str(tmp_path / ".cache" / "mtp-chat" / "ptx")) and got.endswith("/NVIDIA-H200-sm90")
+    assert kernel_cache.persist({"HOME": str(tmp_path)}, cuda=True, arch="NVIDIA-B200-sm100") != got
+    assert kernel_cache.persist({"MLX_PTX_CACHE_DIR": "/mine"}, cuda=True, arch="x") == "/mine"
+    assert kernel_cache.persist({"HOME": str(tmp_path)}, cuda=False) is None
+    (Path(got) / "a.ptx").write_text("x")
+    assert kernel_cache.entries(got) == 1 and kernel_cache.entries(None) == 0
+
+
+def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp_path, monkeypatch):
+    from adapters import kernel_cache
+
+    folder = tmp_path / "ptx"
+    folder.mkdir()
+    monkeypatch.setattr(kernel_cache, "_folder", str(folder))
+    monkeypatch.setattr(backends, "_checked_once", set())
+
+    def compiles(backend):
+        (folder / "qmm.ptx").write_text("x")
+        return None
+
+    monkeypatch.setattr(backends, "_verdict", compiles)
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert b.name == "cuda-kernels"
+    assert b.note.startswith("cuda kernels compiled 1 kernel(s) and checked them in ") and str(folder) in b.note
+    again = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert again.note == "cuda kernels checked earlier in this process"
+    monkeypatch.setattr(backends, "_checked_once", set())
+    cached = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)   # nothing new compiled
+    assert cached.note.startswith("cuda kernels checked in ")

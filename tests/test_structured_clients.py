@@ -34,9 +34,9 @@ def url():
         yield url
 
 
-def chat_model(url, mode):
+def chat_model(url, mode, max_tokens=96):
     return langchain_openai.ChatOpenAI(base_url=url + "/v1", api_key="unused", model="demo", temperature=0.6,
-                                       max_retries=0, max_tokens=96, extra_body={"mode": mode})
+                                       max_retries=0, max_tokens=max_tokens, extra_body={"mode": mode})
 
 
 @pytest.mark.parametrize("mode", ["mtp", "ar"])
@@ -50,13 +50,21 @@ def test_langchain_structured_output_always_validates(url, mode, method):
 
 @pytest.mark.parametrize("mode", ["mtp", "ar"])
 def test_langchain_json_mode_gives_a_json_object_whenever_the_reply_ends(url, mode):
-    """JSON mode promises an object, not its keys or its size: the demo model invents keys
-    without end (15 of 20 replies ran to 400 tokens), so here every reply that ends is an
-    object that parses, and every other one was cut by max_tokens."""
+    """JSON mode promises an object, not its keys or its size (OpenAI's guide warns that such a
+    reply may not end), and the request carries no schema (LangChain's json_mode sends only
+    {"type": "json_object"}). The demo model was never trained to write a JSON object outside a
+    <tool_call>: after `{` it closes at once (`{}`: AR 441, MTP 449 of 1,000 draws) or opens a key
+    and writes byte-fragment gibberish or prose into it without end. Measured at T=0.6 and 96
+    tokens (AR 33 of 50 replies ended, MTP 19 of 50; every one that ended was `{}`); bounding
+    keys to 32 characters and strings to 64 (a Lark grammar) still ended 13 of 20, again all
+    `{}`: the model adds pairs until the budget runs out. Only bounds that would cut real
+    models' JSON short could make 50 of 50 end, so none is imposed: every reply that ends is
+    an object that parses, and every other one was cut by max_tokens. Run at 48 tokens: the
+    replies that end do so within a few tokens, and the ones that do not cost half as much."""
     import openai
 
     schema = {"title": "Person", "type": "object", "properties": {"name": {"type": "string"}}}
-    structured = chat_model(url, mode).with_structured_output(schema, method="json_mode")
+    structured = chat_model(url, mode, max_tokens=48).with_structured_output(schema, method="json_mode")
     ended = 0
     for _ in range(RUNS):
         try:
@@ -65,7 +73,7 @@ def test_langchain_json_mode_gives_a_json_object_whenever_the_reply_ends(url, mo
             continue
         assert isinstance(out, dict)
         ended += 1
-    assert ended > 0
+    assert ended > 0                                     # some end: the grammar lets the object close
 
 
 @pytest.mark.parametrize("mode", ["mtp", "ar"])

@@ -20,13 +20,13 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .api_anthropic import MessageWriter, anthropic_error, count_body, parse_messages_request
+from .api_anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
 from .api_decode import Turns
 from .api_errors import ApiError, error_body, error_response
 from .api_format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
-from .api_responses import ResponseStore, ResponseWriter, parse_responses_request
+from .api_responses import ResponseStore, ResponseWriter, parse_responses_request, too_long_refusal
 from .api_run import Ending, KeepAlive, Run, collect
 from .api_text import ReplyShaper
 from .metrics import CONTENT_TYPE as METRICS_TYPE
@@ -62,7 +62,7 @@ class OpenAIApi:
     def __init__(self, host, stops: StopRegistry, config: ApiConfig):
         self.host, self.stops, self.config = host, stops, config
         self.settings = host.settings
-        self.turns = Turns()
+        self.turns = Turns(int(getattr(host.settings, "max_batch", 1) or 1))
         self.responses = ResponseStore(config.response_store)
 
     # --- gatekeeping -----------------------------------------------------------------------
@@ -176,7 +176,8 @@ class OpenAIApi:
             constraint = await self.constraint(req)
         except ApiError as exc:
             return self.refuse(request, exc)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
         reply = Reply("chat", self.config.model_id)
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, id=reply.id)
         return await self.respond(request, run, reply)
@@ -199,12 +200,13 @@ class OpenAIApi:
     async def messages(self, request: Request) -> Response:
         try:
             req = await self.read_request(request, parse_messages_request)
-            prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
+            prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req, True)
             constraint = await self.constraint(req)
         except ApiError as exc:
-            return self.refuse(request, exc, anthropic_error)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
-        writer = MessageWriter(self.config.model_id, len(prompt))
+            return self.refuse(request, context_refusal(exc), anthropic_error)
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
+        writer = MessageWriter(self.config.model_id, len(prompt), req.clamped)
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
         if req.stream:
             return StreamingResponse(writer.stream(run, self.config.keepalive), media_type="text/event-stream",
@@ -214,10 +216,10 @@ class OpenAIApi:
     async def count_tokens(self, request: Request) -> Response:
         try:
             req = await self.read_request(request, parse_messages_request, count_only=True)
-            prompt, _ = await run_in_threadpool(chat_prompt, self.host, req)
+            prompt, _ = await run_in_threadpool(chat_prompt, self.host, req, True)
             await self.constraint(req)              # a schema that would be refused is refused here too
         except ApiError as exc:
-            return self.refuse(request, exc, anthropic_error)
+            return self.refuse(request, context_refusal(exc), anthropic_error)
         return JSONResponse(count_body(len(prompt)))
 
     async def responses_create(self, request: Request) -> Response:
@@ -226,8 +228,9 @@ class OpenAIApi:
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
             constraint = await self.constraint(req)
         except ApiError as exc:
-            return self.refuse(request, exc)
-        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning)
+            return self.refuse(request, too_long_refusal(exc))
+        shaper = ReplyShaper(req.stops, tools=bool(req.tools), reasoning=True, in_reasoning=in_reasoning,
+                             markers=self.host.reasoning)
         writer = ResponseWriter(self.config.model_id, req, self.responses)
         run = Run(self, req, prompt, shaper, in_reasoning, constraint=constraint, keep_reasoning=True, id=writer.id)
         if req.stream:

@@ -44,6 +44,17 @@ def anthropic_error(exc: ApiError) -> dict:
                                        "message": exc.message}}
 
 
+def context_refusal(exc: ApiError) -> ApiError:
+    """A prompt over the context in Anthropic's words: a 400 whose message starts "prompt is
+    too long: N tokens > M maximum" (Claude Code reads those numbers to compact the
+    conversation; a 413 would tell it the body is over 32 MB)."""
+    if exc.code not in ("context_length_exceeded", "input_too_large"):
+        return exc
+    tokens = getattr(exc, "tokens", None)
+    head = f"prompt is too long: {tokens[0]} tokens > {tokens[1] - 1} maximum" if tokens else "prompt is too long"
+    return ApiError(400, f"{head}. {exc.message}", param=exc.param, code=exc.code)
+
+
 def count_body(tokens: int) -> dict:
     return {"input_tokens": tokens}
 
@@ -72,17 +83,32 @@ def _text(content: Any, where: str) -> str:
     return "".join(out)
 
 
+def _billing(block: Any) -> bool:
+    """Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``: a
+    header for Anthropic's billing that its API strips. Its version suffix changes with the
+    conversation's first message, so rendered into the prompt it would keep the prefix cache
+    from reusing the system prompt and tools across sessions; it tells the model nothing."""
+    return isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str) \
+        and block["text"].startswith("x-anthropic-billing-header:")
+
+
 def to_chat(messages: Any, system: Any) -> List[dict]:
     """Anthropic's messages -> the OpenAI-shaped messages the chat template renders."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
+    if isinstance(system, list):
+        system = [b for b in system if not _billing(b)]
     out = [{"role": "system", "content": _text(system, "system")}] if system not in (None, "", []) else []
     for i, m in enumerate(messages):
         where = f"messages[{i}].content"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise bad_request(f"messages[{i}].role must be \"user\" or \"assistant\".", f"messages[{i}].role")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"messages[{i}].role must be \"user\", \"assistant\" or \"system\".",
+                              f"messages[{i}].role")
         if m.get("content") is None:
             raise bad_request(f"{where} is missing: each message needs its content.", where)
+        if m["role"] == "system":        # Claude Code's mid-conversation system (beta mid-conversation-system)
+            out.append({"role": "system", "content": _text(m["content"], where)})
+            continue
         if m["role"] == "user":
             text = []
             for j, b in enumerate(_blocks(m["content"], where)):
@@ -201,17 +227,21 @@ def _event(name: str, data: dict) -> bytes:
 
 
 class MessageWriter:
-    def __init__(self, model: str, prompt_tokens: int):
+    def __init__(self, model: str, prompt_tokens: int, clamped: bool = False):
         self.model, self.prompt_tokens = model, prompt_tokens
+        self.clamped = clamped          # max_tokens was lowered to the context's room (api_prompt)
         self.id = "msg_" + secrets.token_hex(12)
 
     def _message(self, content: list, stop_reason, stop_sequence, use: dict) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": use}
 
-    @staticmethod
-    def stop_reason(e: Ending) -> str:
-        return "stop_sequence" if e.stop_sequence and not e.calls else STOP_REASONS.get(e.finish, "end_turn")
+    def stop_reason(self, e: Ending) -> str:
+        if e.stop_sequence and not e.calls:
+            return "stop_sequence"
+        if e.finish == "length" and self.clamped:
+            return "model_context_window_exceeded"
+        return STOP_REASONS.get(e.finish, "end_turn")
 
     @staticmethod
     def tool_uses(e: Ending) -> List[dict]:

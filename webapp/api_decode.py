@@ -86,21 +86,24 @@ class DecodeJob:
 
 
 class Turns:
-    """API decodes take turns: one at a time, in arrival order (asyncio's lock is FIFO).
+    """API decodes take turns: `width` at a time (1, or max_batch when requests are batched:
+    webapp/batching.py), in arrival order (asyncio's semaphore wakes waiters first in, first out).
 
     A UI reply may run alongside (Gradio's queue serialises the UI's own), and the model
     thread then alternates their steps, so neither waits for the other to finish. Keeping
     API decodes to one at a time bounds the memory their caches take.
     """
 
-    def __init__(self) -> None:
-        self._lock: Optional[asyncio.Lock] = None
+    def __init__(self, width: int = 1) -> None:
+        self.width = width
+        self._lock: Optional[asyncio.Semaphore] = None
+        self._held = 0
 
     async def take(self, tick: float) -> AsyncIterator[None]:
         """Wait for the turn, yielding ``None`` every ``tick`` seconds meanwhile. If the
         waiter is cancelled the turn is handed on (or never taken)."""
         if self._lock is None:
-            self._lock = asyncio.Lock()
+            self._lock = asyncio.Semaphore(self.width)
         acquire = asyncio.ensure_future(self._lock.acquire())
         try:
             while not acquire.done():
@@ -113,7 +116,9 @@ class Turns:
             else:
                 acquire.cancel()
             raise
+        self._held += 1
 
     def give_back(self) -> None:
-        if self._lock is not None and self._lock.locked():
+        if self._lock is not None and self._held > 0:
+            self._held -= 1
             self._lock.release()

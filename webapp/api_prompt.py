@@ -6,6 +6,7 @@ prompt is tokenised as it is, within the same limits.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Tuple
 
 from .api_errors import ApiError, bad_request
@@ -18,21 +19,31 @@ def _refusal(exc: Exception, param: str) -> ApiError:
     if isinstance(exc, InputTooLarge):
         return ApiError(413, str(exc), param=param, code="input_too_large")
     if isinstance(exc, ContextError):
-        return ApiError(400, str(exc), param=param, code="context_length_exceeded")
+        out = ApiError(400, str(exc), param=param, code="context_length_exceeded")
+        out.tokens = (exc.prompt_tokens, exc.window) if exc.prompt_tokens is not None else None
+        return out
     return bad_request(f"The chat template could not render these messages: {exc}", param, code="invalid_messages")
 
 
-def chat_prompt(host, req: ApiRequest) -> Tuple[object, bool]:
+def chat_prompt(host, req: ApiRequest, clamp: bool = False) -> Tuple[object, bool]:
     """(the prompt: a ``core.Prompt`` whose marks feed the prefix cache, whether the reply
     starts inside a ``<think>`` block the template opened). A structured reply (a grammar)
-    is the answer itself: thinking is switched off for it."""
+    is the answer itself: thinking is switched off for it.
+
+    With `clamp` (Anthropic's rule), a max_tokens past what the context has left after the
+    prompt is lowered to that room and ``req.clamped`` set, so the reply may end with
+    ``model_context_window_exceeded``; the prompt itself must still fit. Claude Code asks for
+    32,000 tokens whatever the model's context."""
     if req.grammar and host.has_thinking:
         req.enable_thinking = False
     try:
-        prompt = host.prompt_ids(req.messages, max_tokens=req.params.max_tokens, tools=req.tools,
+        prompt = host.prompt_ids(req.messages, max_tokens=1 if clamp else req.params.max_tokens, tools=req.tools,
                                  enable_thinking=req.enable_thinking)
     except Exception as exc:   # noqa: BLE001 - what the template or the limits refuse is the request's fault
         raise _refusal(exc, "messages") from None
+    room = host.context_length - len(prompt.ids)
+    if clamp and req.params.max_tokens > room:
+        req.params, req.clamped = replace(req.params, max_tokens=room), True
     return prompt, host.opens_thinking(prompt)
 
 

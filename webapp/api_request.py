@@ -65,6 +65,7 @@ class ApiRequest:
     logprobs: Optional[int] = None               # log-probabilities with this many alternatives
     echo: bool = False                           # completions: the prompt's own logprobs too
     conversation: Optional[dict] = None          # Responses: store, previous_response_id, instructions
+    clamped: bool = False                        # Anthropic: max_tokens lowered to the context's room
 
 
 def loads(raw: bytes) -> dict:

@@ -29,10 +29,16 @@ from .api_structured import response_format
 from .api_text import join
 from .inputs import clean_text
 
-FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
-          "text", "stream", "store", "previous_response_id", "reasoning", "include", "truncation",
-          "mode", "depth", "top_k", "min_p", "seed"}     # the last five: this server's extensions
+# Labels that change nothing here (Codex sends client_metadata with every turn).
+HINTS = {"client_metadata", "prompt_cache_retention"}
+FIELDS = HINTS | {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
+                  "text", "stream", "store", "previous_response_id", "reasoning", "include", "truncation",
+                  "mode", "depth", "top_k", "min_p", "seed"}     # the last five: this server's extensions
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+# Tools OpenAI's servers run themselves: this server cannot, so the model is not offered them.
+HOSTED = {"web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
+          "image_generation", "mcp", "local_shell", "tool_search"}
+NS = "."        # a namespace's function is shown to the model as "namespace.name"
 
 
 class ResponseStore:
@@ -119,9 +125,11 @@ def to_chat(items: Any) -> List[dict]:
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", "{}"), str):
                 raise bad_request(f"{where}: a function_call needs \"name\" and \"arguments\" (a JSON string).", where)
+            ns = item.get("namespace")
+            name = f"{ns}{NS}{item['name']}" if isinstance(ns, str) and ns else item["name"]
             assistant().setdefault("tool_calls", []).append(
                 {"type": "function", "id": str(item.get("call_id", "")),
-                 "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}})
+                 "function": {"name": name, "arguments": item.get("arguments", "{}")}})
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _content_text(output, f"{where}.output")
@@ -138,6 +146,42 @@ def to_chat(items: Any) -> List[dict]:
     for m in out:
         m.pop("_closed", None)
     return out
+
+
+def too_long_refusal(exc: ApiError) -> ApiError:
+    """An input over the context's character budget as OpenAI's Responses reports any prompt
+    over the context: 400 ``context_length_exceeded`` (Codex stops on that code; a 413 it
+    retries five times, then shows raw)."""
+    if exc.code != "input_too_large":
+        return exc
+    return ApiError(400, exc.message, param=exc.param, code="context_length_exceeded")
+
+
+def flat_tools(tools: Any) -> Any:
+    """Responses' tools as the chat template takes them: a ``namespace`` tool's functions one by
+    one, named ``namespace.name`` (Codex groups its sub-agent tools so); hosted tools (web
+    search, file search, ...), which OpenAI's servers run, are left out: the model is not
+    offered what this server cannot run. Anything else is left for parse_tools to judge."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for t in tools:
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind in HOSTED:
+            continue
+        if kind == "namespace" and isinstance(t.get("name"), str) and isinstance(t.get("tools"), list):
+            out += [{**f, "name": f"{t['name']}{NS}{f['name']}"} if isinstance(f, dict) and isinstance(f.get("name"), str)
+                    and f["name"] else f for f in t["tools"]]        # a malformed one: parse_tools says why
+        else:
+            out.append(t)
+    return out
+
+
+def split_name(name: str, tools: Optional[List[dict]]) -> dict:
+    """A called function's ``name`` (and ``namespace``) as the client declared it."""
+    ns, _, short = name.partition(NS)
+    declared = {t["function"]["name"] for t in tools or []}
+    return {"namespace": ns, "name": short} if short and name in declared and ns else {"name": name}
 
 
 def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_default: int,
@@ -171,7 +215,12 @@ def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_def
     keep = _bool(body, "store")
     req.conversation = {"stored": history + new, "store": keep is not False, "previous_response_id": prev,
                         "instructions": instructions}   # history + new: without the instructions, for the store
-    req.tools, forced = parse_tools(body)
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in HOSTED:
+        raise bad_request(f"'tool_choice' asks for the hosted tool {json.dumps(choice['type'])}, which this server "
+                          f"cannot run: only your own function tools are run (by you).", "tool_choice",
+                          code="unsupported_tool")
+    req.tools, forced = parse_tools({**body, "tools": flat_tools(body.get("tools"))})
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
         raise bad_request("'text' must be an object like {\"format\": {\"type\": \"json_schema\", ...}}.", "text")
@@ -232,8 +281,9 @@ class ResponseWriter:
         if content or not (ending.calls or reasoning):      # as a stream: an empty message only when nothing else
             out.append({"type": "message", "id": self.ids["content"], "role": "assistant", "status": "completed",
                         "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
-        out += [{"type": "function_call", "id": "fc_" + c.id.split("_", 1)[-1], "call_id": c.id, "name": c.name,
-                 "arguments": c.arguments, "status": "completed"} for c in ending.calls]
+        out += [{"type": "function_call", "id": "fc_" + c.id.split("_", 1)[-1], "call_id": c.id,
+                 **split_name(c.name, self.req.tools), "arguments": c.arguments, "status": "completed"}
+                for c in ending.calls]
         return out
 
     def finish(self, run: Run, deltas, ending: Ending) -> dict:

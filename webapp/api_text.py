@@ -68,11 +68,11 @@ class ReplyShaper:
     """
 
     def __init__(self, stops: Sequence[str] = (), *, tools: bool = False, reasoning: bool = False,
-                 in_reasoning: bool = False):
-        from core.reasoning import ThinkSplitter
+                 in_reasoning: bool = False, markers=None):
+        from core.reasoning import THINK, ThinkSplitter
 
         self.stops = StopScanner(stops)
-        self.splitter = ThinkSplitter(in_reasoning) if reasoning else None
+        self.splitter = ThinkSplitter(in_reasoning, markers or THINK) if reasoning else None
         self.calls = ToolCallStream() if tools else None
         self._reasoning_end = _ReasoningEnd()
 

@@ -82,10 +82,10 @@ def prompt_messages(history: List[dict], system_prompt: str) -> List[dict]:
 class Reply:
     """A streamed reply split into its thinking (a collapsible section) and its answer."""
 
-    def __init__(self, thinking: bool):
-        from core import ThinkSplitter   # core imports mlx: not at import time (BLAS preload first)
+    def __init__(self, thinking: bool, markers=None):
+        from core import THINK, ThinkSplitter   # core imports mlx: not at import time (BLAS preload first)
 
-        self.splitter = ThinkSplitter(inside=thinking)
+        self.splitter = ThinkSplitter(inside=thinking, markers=markers or THINK)
         self.reasoning, self.answer, self.done = "", "", False
 
     def feed(self, text: str, finished: bool = False) -> None:
@@ -216,7 +216,7 @@ class ChatHandlers:
                 return
             if fitted.notice:
                 history = history + [assistant(fitted.notice, title="ℹ️ older messages left out")]
-            reply = Reply(self.host.opens_thinking(fitted.prompt))
+            reply = Reply(self.host.opens_thinking(fitted.prompt), self.host.reasoning)
             stream = self.host.stream(mode, params, fitted.prompt, stop=stop, thinking=reply.splitter.inside,
                                       source="chat")
             last = 0.0

@@ -52,7 +52,7 @@ class ModelHost:
             self.description = str(self.path or "model")
         self.max_depth = int(settings.max_depth)
         self.ar_references = ArReferences()
-        from core import PrefixCache, context_window
+        from core import PrefixCache, context_window, markers_for
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
         self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
@@ -61,6 +61,14 @@ class ModelHost:
         self.metrics = Metrics()
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.has_thinking = "enable_thinking" in template
+        self.reasoning = markers_for(template)   # <think> ... </think>, or Gemma 4's thought channel
+        self.scheduler = None
+        if int(getattr(settings, "max_batch", 1) or 1) > 1:
+            from .batching import BatchScheduler
+
+            self.scheduler = BatchScheduler(self.worker, adapter, int(settings.max_batch),
+                                            int(getattr(settings, "max_batched_tokens", 64)),
+                                            on_finish=self._batched_done)
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log)
 
@@ -124,11 +132,25 @@ class ModelHost:
         if mode == "mtp" and params.depth == "auto":
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
+        if self.scheduler is not None and source != "race":
+            # Decoded with whoever else is being served (webapp/batching.py); the race runs alone.
+            import threading
+
+            stop = stop or threading.Event()
+            stream = self.scheduler.submit(self.decoder(mode, params, constraint), prompt_ids, params.max_tokens,
+                                           stop=stop, stop_strings=stop_strings, thinking=thinking,
+                                           logprobs=logprobs, think_end=self.reasoning.close)
+            stream.seq.source, stream.seq.depth_setting = source, params.depth
+            return stream
         stream = self.worker.stream(lambda: self._counted(self.decoder(mode, params, constraint).stream(
             prompt_ids, max_tokens=params.max_tokens, stop=stop, stop_strings=stop_strings, thinking=thinking,
-            logprobs=logprobs), params.depth, source))
+            logprobs=logprobs, think_end=self.reasoning.close), params.depth, source))
         stream.stop_event = stop
         return stream
+
+    def _batched_done(self, seq, ev) -> None:
+        self.metrics.observe(ev.stats, depth=getattr(seq, "depth_setting", None),
+                             source=getattr(seq, "source", "api"))
 
     def _counted(self, events, depth, source: str):
         """The events, and the decode counted in the metrics when it ends: at its last event, or
@@ -193,7 +215,7 @@ class ModelHost:
         from core import opens_thinking
 
         ids = list(getattr(prompt_ids, "ids", prompt_ids))
-        return self.has_thinking and opens_thinking(self.tokenizer.decode(ids[-16:]))
+        return self.has_thinking and opens_thinking(self.tokenizer.decode(ids[-16:]), self.reasoning)
 
     def fit(self, messages: List[dict], max_tokens: int, *, trim: bool = True, tools=None,
             enable_thinking: Optional[bool] = None):

@@ -51,6 +51,8 @@ class ModelWorker:
         self._open_streams = 0
         self._lock, self._slice_lock = threading.Lock(), threading.Lock()
         self.idle_slices = 0      # background slices run so far
+        # A batch scheduler (webapp/batching.py): while busy() it steps whenever no call waits.
+        self.pump = None
         # What happened in order, for diagnostics and tests: ("slice", n), ("open"|"end", stream id).
         self.events: "collections.deque" = collections.deque(maxlen=4096)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -59,10 +61,20 @@ class ModelWorker:
 
     def _run(self) -> None:
         while True:
+            pump = self.pump
+            busy = pump is not None and pump.busy()
             try:
-                fn, args, kwargs, future = self._jobs.get(timeout=IDLE_POLL if self._idle else None)
+                if busy:   # calls first (a joining request, a cancel), then one batched step
+                    fn, args, kwargs, future = self._jobs.get_nowait()
+                else:
+                    fn, args, kwargs, future = self._jobs.get(timeout=IDLE_POLL if self._idle else None)
             except queue.Empty:
-                if self._open_streams == 0:
+                if busy:
+                    try:
+                        pump.step()
+                    except Exception as exc:  # noqa: BLE001 - the model thread must go on
+                        print(f"mtp-chat: batch scheduler: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                elif self._open_streams == 0:
                     self._idle_slice()
                 continue
             if not future.set_running_or_notify_cancel():

@@ -1,10 +1,9 @@
 """The adapter contract (core/model.py) for a Gemma 4 backbone with its assistant drafter.
 
-The trunk's cache is a plain mlx-lm KVCache for every layer that computes K/V (the first
-`num_hidden_layers - num_kv_shared_layers`; the others reuse them), sliding-window layers
-included: their window is a mask, not a rotating buffer. mlx-lm's RotatingKVCache cannot
-drop a suffix once it has wrapped, and a verify must be able to drop any suffix; the price is
-that sliding layers keep the whole context (E2B: 1 KiB a token per layer in bf16).
+The trunk's cache: one per layer that computes K/V (the first `num_hidden_layers -
+num_kv_shared_layers`; the others reuse them), a plain mlx-lm KVCache for full attention and a
+SlidingKVCache (sliding.py) for sliding-window layers: it holds the window and at most one block
+more, and can drop any rejected suffix, which mlx-lm's RotatingKVCache cannot once it has wrapped.
 
 The drafter keeps nothing (make_draft gives an empty dict): each step reads the backbone's
 K/V as the cache holds them, so a rollback of the backbone is the whole rollback, and a
@@ -22,6 +21,7 @@ from mlx_lm.models.cache import KVCache
 from core.model import State
 
 from .drafter import Assistant
+from .sliding import SlidingKVCache
 
 
 @dataclass
@@ -76,7 +76,9 @@ class Gemma4Adapter:
 
     # -- caches -------------------------------------------------------------------------
     def make_cache(self) -> list:
-        return [KVCache() for _ in range(self.n_cache)]
+        kinds = self.args.layer_types[: self.n_cache]
+        return [SlidingKVCache(self.window, every=max(64, self.window)) if kind == "sliding_attention" else KVCache()
+                for kind in kinds]
 
     def make_draft(self, cache: list) -> dict:
         return {}
@@ -118,9 +120,10 @@ class Gemma4Adapter:
         out = {}
         for kind, i in self.kv_source.items():
             c = cache[i]
-            L = c.offset
-            start = max(0, L - self.window + 1) if kind == "sliding_attention" else 0
-            out[kind] = (c.keys[..., start:L, :], c.values[..., start:L, :])
+            if kind == "sliding_attention":
+                out[kind] = c.window_kv(c.offset)
+            else:
+                out[kind] = (c.keys[..., :c.offset, :], c.values[..., :c.offset, :])
         return out
 
     def absorb(self, draft: dict, cache: list, hidden: mx.array, tokens: mx.array) -> None:
@@ -142,7 +145,10 @@ class Gemma4Adapter:
     def snapshot(self, cache: list, draft: dict) -> State:
         arrays, meta = {}, {}
         for i, c in enumerate(cache):
-            meta[f"trunk.{i}.keys.length"] = meta[f"trunk.{i}.values.length"] = c.offset
+            start = getattr(c, "start", 0)          # a sliding layer's buffer begins there
+            meta[f"trunk.{i}.keys.length"] = meta[f"trunk.{i}.values.length"] = c.offset - start
+            if start:
+                meta[f"trunk.{i}.start"] = start
             if c.keys is not None:
                 arrays[f"trunk.{i}.keys"], arrays[f"trunk.{i}.values"] = c.keys, c.values
         return State(arrays, meta)
@@ -151,7 +157,10 @@ class Gemma4Adapter:
         a, meta = state.arrays, state.meta
         for i, c in enumerate(cache):
             c.keys, c.values = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values"))
-            c.offset = int(meta[f"trunk.{i}.keys.length"])
+            start = int(meta.get(f"trunk.{i}.start", 0))
+            if isinstance(c, SlidingKVCache):
+                c.start = start
+            c.offset = start + int(meta[f"trunk.{i}.keys.length"])
 
     # -- for people --------------------------------------------------------------------------
     def head_description(self) -> str:

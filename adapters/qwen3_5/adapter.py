@@ -108,6 +108,20 @@ class HybridAdapter:
         return (run.leave(logits), run.leave(h if self._pre_norm else post),
                 Captured(tokens.shape[1], gdn) if capture else None)
 
+    def forward_batch(self, tokens: mx.array, caches: list, *, capture: bool = False):
+        """tokens [B, T] of B sequences, caches[b] the b-th one's -> (logits [B, T, V],
+        hidden [B, T, H], per sequence a Captured or None). One sequence takes `forward`'s own
+        path, so that a batch of one computes exactly what decoding alone does."""
+        if len(caches) == 1:
+            logits, hidden, cap = self.forward(tokens, caches[0], capture=capture)
+            return logits, hidden, [cap]
+        run = self.backend.batch
+        h, gdn = layers.run_trunk_batch(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), caches, capture)
+        post = run.final_norm(self.inner.norm, h)
+        logits = self.lm_head(post, run)
+        return (run.leave(logits), run.leave(h if self._pre_norm else post),
+                [Captured(tokens.shape[1], g) if capture else None for g in gdn])
+
     def rollback(self, cache: list, captured: Captured, keep: int) -> None:
         """Commit only the first `keep` positions of a captured verify pass."""
         drop = captured.width - keep
@@ -143,6 +157,17 @@ class HybridAdapter:
     def draft_step(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array):
         g = self.mtp_forward(hidden, tokens, draft)[:, -1:]
         return g, self.lm_head(g)[:, -1]
+
+    def draft_batch(self, drafts: list, caches: list, hiddens: list, tokens: list):
+        """One draft step of several sequences: hiddens[b] [1, T_b, H] and tokens[b] [1, T_b]
+        (T_b differs: each catches up on what its last cycle committed) -> (g [B, 1, H],
+        logits [B, V]). The head's attention runs per sequence over its own history; the
+        output projection, the widest matrix, once for all rows."""
+        if len(drafts) == 1:
+            g, logits = self.draft_step(drafts[0], caches[0], hiddens[0], tokens[0])
+            return g, logits
+        g = mx.concatenate([self.mtp_forward(h, t, d)[:, -1:] for d, h, t in zip(drafts, hiddens, tokens)])
+        return g, self.lm_head(g, self.backend.batch)[:, -1]
 
     def end_cycle(self, draft: KVCache, steps: int) -> None:
         # The first step's entries are for committed positions; the other steps' are drafts.

@@ -30,8 +30,9 @@ disagrees falls back to "mlx", saying so.
 from __future__ import annotations
 
 import sys
+import time
 from functools import lru_cache
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,7 +40,7 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask, scaled_dot_product_attention
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 
-from .. import kernels
+from .. import kernel_cache, kernels
 from ..kernels import cpu_attention, cuda_qmm, gdn
 from . import layers
 from .layers import AttnParams, GdnParams, _const
@@ -107,6 +108,9 @@ class MlxOps:
         return mx.concatenate(ys, axis=1), states
 
     def rope(self, p: AttnParams, x, offset):
+        if isinstance(offset, mx.array) and offset.ndim == 1 and type(p.attn.rope) is not nn.RoPE:
+            # A batch at per-row positions; only mx.fast.rope (nn.RoPE) takes a vector of offsets.
+            return mx.concatenate([p.attn.rope(x[b:b + 1], offset=o) for b, o in enumerate(offset.tolist())])
         return p.attn.rope(x, offset=offset)
 
     def positions(self, offset: int, S: int):
@@ -260,6 +264,48 @@ class CpuCompiled(MlxOps):
         return fn(hidden, embedding)
 
 
+class CpuCompiledBatch(CpuCompiled):
+    """The compiled CPU runner over a batch axis [B, S, H]: several sequences, each at its own
+    position (layers.run_trunk_batch). The same compiled math per row as `CpuCompiled`, so a
+    sequence decoded in a batch computes what it computes alone (tests/test_batch.py)."""
+
+    def __init__(self, rope: nn.RoPE):
+        super().__init__(rope)
+        half = rope.dims // 2
+        inv_freq = _const(mx.exp(-mx.arange(half, dtype=mx.float32) * (2.0 * mx.log(mx.array(rope.base, mx.float32)) / rope.dims)))
+
+        @mx.compile
+        def table(offsets, steps):
+            # offsets [B] -> cos, sin [B, 1, S, dims/2]: broadcast over the heads of q, k [B, heads, S, hd]
+            theta = ((offsets[:, None] + steps).astype(mx.float32) * rope.scale)[..., None] * inv_freq
+            return mx.cos(theta)[:, None], mx.sin(theta)[:, None]
+
+        self._batch_table = table
+
+    def positions(self, offsets, S: int):
+        return self._batch_table(offsets, self._aranges[S])
+
+    def enter(self, x):
+        return x
+
+    def leave(self, x):
+        return x
+
+    def gdn(self, p: GdnParams, h, conv_state, state, capture: bool, mask):
+        def make():
+            def step(x, conv_state, state):
+                x, conv_input, states = layers.gdn_layer(self, p, x, conv_state, state, capture=capture)
+                if capture:
+                    return (x, conv_input, *states)
+                return x, conv_input[:, x.shape[1]:], states[-1]
+            return step
+
+        out = self._fn((id(p), "gdn-batch", capture), make)(h, conv_state, state)
+        if capture:
+            return out[0], out[1][:, h.shape[1]:], list(out[2:]), out[1]
+        return out[0], out[1], [out[2]], None
+
+
 class GpuKernels(MlxOps):
     """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence)."""
 
@@ -301,10 +347,14 @@ def row_invariant_sdpa(sdpa, q, k, v, scale, mask, cache):
 
 
 class Backend:
-    """The runners of one loaded model: `few` (<= FEW_TOKENS positions, one sequence) and `long`."""
+    """The runners of one loaded model: `few` (<= FEW_TOKENS positions, one sequence), `long`,
+    and `batch` (a few positions of several sequences at once, layers.run_trunk_batch)."""
 
     def __init__(self, name: str, few: MlxOps, long: MlxOps, note: str = ""):
         self.name, self.few, self.long, self.note = name, few, long, note
+        # MLX's own ops, and a GPU's row kernels, take a batch's rows as they are; the compiled
+        # CPU runner drops the batch axis, so its backend sets a batched one of its own.
+        self.batch = few
 
     def runner(self, shape, fast: bool) -> MlxOps:
         return self.few if fast and shape[0] == 1 and shape[1] <= FEW_TOKENS else self.long
@@ -324,6 +374,24 @@ def _verdict(backend: str) -> Optional[str]:
     return kernels.self_check(backend)
 
 
+_checked_once: set = set()
+
+
+def _checked(backend: str) -> Tuple[Optional[str], str]:
+    """The kernels' self-check (once a process) and what to say of it: how long it took and
+    whether it compiled (MLX CUDA keeps compiled kernels in adapters/kernel_cache.py's folder)."""
+    if backend in _checked_once:
+        return _verdict(backend), f"{backend} kernels checked earlier in this process"
+    folder = kernel_cache.folder() if backend == "cuda" else None
+    before, t0 = kernel_cache.entries(folder), time.perf_counter()
+    why = _verdict(backend)
+    seconds, compiled = time.perf_counter() - t0, kernel_cache.entries(folder) - before
+    _checked_once.add(backend)
+    where = f" (compiled kernels kept in {folder})" if folder else ""
+    how = f"compiled {compiled} kernel(s) and checked them" if compiled > 0 else "checked"
+    return why, f"{backend} kernels {how} in {seconds:.1f} s{where}"
+
+
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
            device=None, cuda: Optional[bool] = None, log=None) -> Backend:
     """The backend for a model whose attention layers use `ropes`, decided once at load."""
@@ -334,14 +402,16 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         long = MlxOps(cpu_attention=True)
         plain = all(type(r) is nn.RoPE and not r.traditional for r in ropes)
         if compiled and plain and len({(r.dims, r.base, r.scale) for r in ropes}) == 1:
-            return Backend("cpu-compiled", CpuCompiled(ropes[0]), long)
+            backend = Backend("cpu-compiled", CpuCompiled(ropes[0]), long)
+            backend.batch = CpuCompiledBatch(ropes[0])
+            return backend
         why = "switched off (compiled = false)" if not compiled else "a RoPE variant it does not write out"
         return Backend("mlx", long, long, note=f"compiled CPU path off: {why}")
     kb = kernel_backend(device, cuda, gpu_kernels)
     if kb is not None:
-        why = _verdict(kb)
+        why, said = _checked(kb)
         if why is None:
-            return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps())
+            return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps(), note=said)
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
     on_gpu = device == mx.gpu  # MLX's GPU attention over several queries is not row-invariant

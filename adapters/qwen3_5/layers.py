@@ -239,3 +239,38 @@ def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -
     q, k, v, gate = run.attention_in(p, x, pos)
     k, v = cache.update_and_fetch(k, v)
     return run.attention_out(p, x, run.sdpa(q, k, v, p.scale, mask, cache), gate, final_norm)
+
+
+def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture: bool
+                    ) -> Tuple[mx.array, List[Dict[int, tuple]]]:
+    """Several sequences, each with its own cache, through the trunk in one pass: h [B, S, H].
+
+    Every linear sees all B rows (the weights are read once for the batch). A Gated-DeltaNet
+    layer runs on the sequences' states stacked along B, which are written back row by row. An
+    attention layer ropes each row at its own position, then attends each row over its own KV
+    cache: no padding and no shared buffer, so a sequence joins, leaves or rolls back alone.
+    Returns the last hidden and, per sequence, what `run_trunk` captures for one."""
+    B, S = h.shape[0], h.shape[1]
+    captured: List[Dict[int, tuple]] = [{} for _ in caches]
+    pos = None
+    for i, p in enumerate(stack.layers):
+        cs = [c[i] for c in caches]
+        if isinstance(p, GdnParams):
+            conv = mx.concatenate([mx.zeros((1, p.K - 1, p.conv_dim), dtype=h.dtype) if c[0] is None else c[0] for c in cs])
+            state = mx.concatenate([mx.zeros((1, p.Hv, p.Dv, p.Dk), dtype=mx.float32) if c[1] is None else c[1] for c in cs])
+            h, conv_keep, states, conv_input = run.gdn(p, h, conv, state, capture, None)
+            for b, c in enumerate(cs):
+                c[0], c[1] = conv_keep[b:b + 1], states[-1][b:b + 1]
+                c.advance(S)
+                if capture:
+                    captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states])
+        else:
+            if pos is None:
+                pos = run.positions(mx.array([c.offset for c in cs], dtype=mx.int32), S)
+            q, k, v, gate = run.attention_in(p, h, pos)
+            outs = []
+            for b, c in enumerate(cs):
+                kb, vb = c.update_and_fetch(k[b:b + 1], v[b:b + 1])
+                outs.append(run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, c))
+            h = run.attention_out(p, h, mx.concatenate(outs), gate)
+    return h, captured

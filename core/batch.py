@@ -1,0 +1,256 @@
+"""Several sequences decoded together, in both lanes, with each one's output exactly its own.
+
+Why: a decode step reads every weight to make one token per sequence, so stepping B sequences
+in one forward costs little more than one (issue 22). Each sequence keeps what makes its output
+its own: its caches, sampler, PRNG stream, grammar and depth policy; the decisions taken on
+them (sampling, acceptance, rollback) are the same code the lanes run alone (core/decoders.py),
+one sequence at a time. What the batch shares is the target's forward and the head's output
+projection (the adapter's `forward_batch` / `draft_batch`; core falls back to a loop over
+sequences for an adapter without them).
+
+A sequence joins with its prefill run alone (its first token comes out of that), and leaves
+between two steps (finished, stopped, cancelled): nothing else in the batch changes.
+
+One step of the batch (`Batch.step`):
+
+    AR group (AR lane, and MTP sequences priced out or one token from their end):
+        one forward of every pending token -> each sequence samples its next token
+    MTP group, one per draft depth D:
+        D draft steps (one shared output projection each) -> each sequence draws its drafts
+        one verify forward of [pending, d1..dD] per sequence -> each accepts its own prefix,
+        takes its correction or bonus, and rolls back its own caches to what it kept
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Dict, List, Optional, Sequence as Seq
+
+import mlx.core as mx
+
+from .acceptance import accepted_prefix, verify_drafts
+from .constraints import allowed_after
+from .costs import DepthPolicy
+from .sampling import KeyStream, all_finite, check_finite
+from .stream import Lane
+
+
+class Sequence:
+    """One request in a batch: its decoder's settings, its decoding state between steps, and
+    its event stream (`events`: the lane's own StreamEvents: stop strings, EOS, max_tokens, text)."""
+
+    def __init__(self, decoder: Lane, prompt, max_tokens: int, stop: Optional[threading.Event] = None,
+                 **stream_kwargs):
+        self.adapter, self.sampler, self.constraint = decoder.adapter, decoder.sampler, decoder.constraint
+        self.mode = decoder.mode
+        self.keys = KeyStream(decoder.seed, active=not decoder.sampler.greedy)
+        self.max_tokens, self.stop = max_tokens, stop
+        self.decoder = decoder
+        self.outbox: collections.deque = collections.deque()   # (tokens, origins, rows) the batch made
+        self.cache = self.draft = self.stats = self.policy = None
+        self.pending: int = -1       # the last token out, not yet through the trunk
+        self.feed_h = self.feed_t = None   # what the head has not seen yet (MTP)
+        self.produced = 0
+        self.last = None             # the latest StreamEvent
+        self.events = _Fed(self).stream(prompt, max_tokens=max_tokens, stop=stop, **stream_kwargs)
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.finished
+
+    # -- joining: prefill alone, then the first token ------------------------------------------
+    def start(self, prefilled) -> tuple:
+        done = prefilled
+        first = self.sampler.sample(done.logits, self.keys.next(), allowed_after(self.constraint))
+        check_finite(all_finite(done.logits).item(), "target model")
+        self.stats.target_forwards += 1
+        self.pending = first.item()
+        if self.constraint is not None:
+            self.constraint.advance([self.pending])
+        if self.mode == "mtp":
+            d = self.decoder
+            self.policy = DepthPolicy(d.depth, d.max_depth, d.costs_at(self.stats.prompt_tokens))
+            self.feed_h, self.feed_t = done.hidden, first
+        self.produced = 1
+        return [self.pending], ["target"], done.logits
+
+    def depth(self) -> int:
+        """This step's draft depth: 0 for the AR lane, priced out, or one token from the end."""
+        if self.mode != "mtp":
+            return 0
+        self.stats.depth = self.policy.choose(self.stats)
+        return max(0, min(self.stats.depth, self.max_tokens - self.produced - 1))
+
+    # -- the decisions of one step, on this sequence alone ---------------------------------------
+    def take_ar(self, logits: mx.array, hidden: mx.array) -> None:
+        """logits [1, V], hidden [1, 1, H] of the pending token: sample the next one."""
+        # -1 marks a non-finite row: one value read per step, as the AR lane does (core/decoders.py)
+        y = mx.where(all_finite(logits),
+                     self.sampler.sample(logits, self.keys.next(), allowed_after(self.constraint)).astype(mx.int32), -1)
+        token = y.item()
+        check_finite(token >= 0, "target model")
+        if self.mode == "mtp":
+            self.feed_h = mx.concatenate([self.feed_h, hidden], axis=1)
+            self.feed_t = mx.concatenate([self.feed_t, y.astype(self.feed_t.dtype)])
+        self.stats.record_cycle(0, 0)
+        if self.constraint is not None:
+            self.constraint.advance([token])
+        self._emit([token], ["target"], logits)
+
+    def draw(self, logits: mx.array, masks: list):
+        """A draft token from the head's logits [1, V] (and the mask for the next one)."""
+        t, q = self.sampler.draw(logits, self.keys.next(), masks[-1])
+        masks.append(allowed_after(self.constraint, t))
+        return t, q
+
+    def accept(self, drafts: mx.array, qs: list, logits: mx.array, masks: list):
+        """The exact acceptance test of this sequence's drafts against its verify rows [D+1, V]
+        (lazy: the batch reads every sequence's outcome in one sync)."""
+        q = None if self.sampler.greedy else _stack(qs)
+        allowed = None if self.constraint is None else mx.stack(masks)
+        p = self.sampler.mask(logits, allowed) if self.sampler.greedy else self.sampler.support(logits, allowed)
+        return verify_drafts(p, q, drafts, self.keys.next(3), self.sampler.greedy)
+
+    def commit(self, drafts, outcome, logits, hidden, captured, draft_logits) -> None:
+        """Keep the verified prefix: roll the caches back to it, feed it to the head next cycle."""
+        accepted, corrections, bonus = outcome
+        check_finite(mx.logical_and(all_finite(logits), all_finite(draft_logits)).item(), "target model or MTP head")
+        depth = drafts.shape[0]
+        n = accepted_prefix(accepted.tolist())
+        new = bonus if n == depth else corrections[n:n + 1]
+        self.adapter.rollback(self.cache, captured, keep=n + 1)
+        self.adapter.end_cycle(self.draft, depth)
+        self.feed_h, self.feed_t = hidden[:, :n + 1], mx.concatenate([drafts[:n], new])
+        self.stats.record_cycle(depth, n)
+        if self.constraint is not None:
+            self.constraint.rollback(depth - n)
+            self.constraint.advance([int(new.item())])
+        tokens = drafts[:n].tolist() + [int(new.item())]
+        self._emit(tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[:n + 1])
+
+    def _emit(self, tokens: List[int], origins: List[str], rows: mx.array) -> None:
+        self.pending = tokens[-1]
+        self.produced += len(tokens)
+        self.outbox.append((tokens, origins, rows))
+
+    def release(self) -> None:
+        """Drop the caches now (a cancelled sequence's memory goes at once, not when its reader does)."""
+        self.cache = self.draft = self.feed_h = self.feed_t = None
+        self.outbox.clear()
+        self.events.close()
+
+
+class _Fed(Lane):
+    """The lane's `stream` around a sequence whose tokens the batch makes: the same stopping
+    rules, text and statistics as decoding alone."""
+
+    def __init__(self, seq: Sequence):
+        d = seq.decoder
+        super().__init__(d.adapter, d.sampler, d.seed, d.prefix_cache, d.constraint)
+        self.mode, self.needs_head, self.seq = d.mode, d.needs_head, seq
+        self.waterfall_every = 0
+
+    def _steps(self, prompt, max_tokens, stats, stop, wf=None):
+        seq = self.seq
+        seq.stats = stats
+        seq.cache, seq.draft, done = self._prefill(prompt, stats, stop, wf)
+        yield seq.start(done)
+        while True:
+            yield seq.outbox.popleft()
+
+
+class Batch:
+    """The sequences being decoded together; `step` advances each by one cycle."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.running: List[Sequence] = []
+
+    def join(self, seq: Sequence):
+        """Prefill `seq` alone and take it in; returns its first event (its first token)."""
+        seq.last = next(seq.events)
+        if not seq.finished:
+            self.running.append(seq)
+        return seq.last
+
+    def leave(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.release()
+
+    def step(self) -> Dict[Sequence, object]:
+        """One cycle of every running sequence, in as few forwards as there are draft depths
+        in use; returns each sequence's new event. Finished ones leave."""
+        groups: Dict[int, List[Sequence]] = {}
+        for s in self.running:
+            if s.stop is None or not s.stop.is_set():   # a stopped one only needs its 'stopped' event
+                groups.setdefault(s.depth(), []).append(s)
+        for depth, group in sorted(groups.items()):
+            if depth == 0:
+                self._ar_step(group)
+            else:
+                self._mtp_step(group, depth)
+        out = {}
+        for s in list(self.running):
+            s.last = out[s] = next(s.events)
+            if s.finished:
+                self.leave(s)
+        return out
+
+    def _ar_step(self, seqs: Seq[Sequence]) -> None:
+        tokens = mx.array([[s.pending] for s in seqs], dtype=mx.int32)
+        logits, hidden, _ = forward_batch(self.adapter, tokens, [s.cache for s in seqs])
+        for b, s in enumerate(seqs):
+            s.take_ar(logits[b:b + 1, -1], hidden[b:b + 1])
+
+    def _mtp_step(self, seqs: Seq[Sequence], depth: int) -> None:
+        ad = self.adapter
+        # 1. Draft: each head catches up on its sequence's new positions, then runs recursively.
+        drafts, qs, draft_logits = [[] for _ in seqs], [[] for _ in seqs], []
+        masks = [[allowed_after(s.constraint)] for s in seqs]
+        hs, ts = [s.feed_h for s in seqs], [s.feed_t[None] for s in seqs]
+        for _ in range(depth):
+            g, logits = draft_batch(ad, [s.draft for s in seqs], [s.cache for s in seqs], hs, ts)
+            draft_logits.append(logits)
+            hs, ts = [g[b:b + 1] for b in range(len(seqs))], []
+            for b, s in enumerate(seqs):
+                t, q = s.draw(logits[b:b + 1], masks[b])
+                drafts[b].append(t)
+                qs[b].append(q)
+                ts.append(t[None])
+        drafts = [mx.concatenate(d) for d in drafts]
+
+        # 2. Verify every sequence's [pending, d1..dD] in one target forward, keeping per-position state.
+        tokens = mx.stack([mx.concatenate([mx.array([s.pending], dtype=mx.int32), d.astype(mx.int32)])
+                           for s, d in zip(seqs, drafts)])
+        logits, vh, captured = forward_batch(ad, tokens, [s.cache for s in seqs], capture=True)
+
+        # 3. Accept: each sequence its own prefix; every outcome read in one sync.
+        outcomes = [s.accept(drafts[b], qs[b], logits[b], masks[b]) for b, s in enumerate(seqs)]
+        mx.eval(outcomes, drafts)
+        # 4. Commit: each keeps what it verified.
+        dl = mx.concatenate(draft_logits)
+        for b, s in enumerate(seqs):
+            s.commit(drafts[b], outcomes[b], logits[b], vh[b:b + 1], captured[b], dl[b::len(seqs)])
+
+
+def forward_batch(adapter, tokens: mx.array, caches: list, capture: bool = False):
+    """The adapter's batched forward, or one forward per sequence for an adapter without one."""
+    fn = getattr(adapter, "forward_batch", None)
+    if fn is not None:
+        return fn(tokens, caches, capture=capture)
+    outs = [adapter.forward(tokens[b:b + 1], c, capture=capture) for b, c in enumerate(caches)]
+    return (mx.concatenate([o[0] for o in outs]), mx.concatenate([o[1] for o in outs]), [o[2] for o in outs])
+
+
+def draft_batch(adapter, drafts: list, caches: list, hiddens: list, tokens: list):
+    fn = getattr(adapter, "draft_batch", None)
+    if fn is not None:
+        return fn(drafts, caches, hiddens, tokens)
+    outs = [adapter.draft_step(d, c, h, t) for d, c, h, t in zip(drafts, caches, hiddens, tokens)]
+    return mx.concatenate([o[0] for o in outs]), mx.concatenate([o[1] for o in outs])
+
+
+def _stack(supports):
+    idx = None if supports[0][0] is None else mx.concatenate([i for i, _ in supports])
+    return idx, mx.concatenate([p for _, p in supports])
