@@ -12,6 +12,7 @@ from playwright import sync_api
 import pytest
 
 from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
+from webapp.app import HISTORY_KEY
 
 needs_chromium()
 
@@ -114,12 +115,16 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     start_long_reply(page)
+    stored = page.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)   # saved before this reply
     page.click("#chat-stop")
     stats = wait_stats(page, "stopped")          # the token count below shows it stopped early
     n = int(re.search(r"(\d+) tokens", stats).group(1))
     assert 0 < n < 5000
     page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
-    # History lives in the browser (localStorage): a reload brings it back
+    # History lives in the browser (localStorage): a reload brings it back. The page saves it in a
+    # request of its own after the reply ends; reloading before that request lands (a busy CPU)
+    # would lose it, as a user's reload would: wait for the save first.
+    page.wait_for_function("([k, before]) => localStorage.getItem(k) !== before", arg=[HISTORY_KEY, stored])
     page.reload()
     page.wait_for_selector("#chatbot [data-testid='user']")
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
