@@ -6,7 +6,7 @@ malformed call; the server, the engine (MTP lane) and the official `openai` clie
 unchanged on those weights. It has two layers, one linear-attention and one full-attention (the
 default tiny checkpoint has four): on the CPU the linear-attention layers' recurrence costs one
 step per token, forward and backward, and training four layers on these ~440-token prompts took
-63 steps and ~70 CPU-seconds; two take ~42 steps and ~25.
+63 steps and ~70 CPU-seconds; two take 42 steps and ~30.
 """
 from __future__ import annotations
 
