@@ -27,16 +27,6 @@ os.environ.setdefault("MTP_CHAT_COSTS_DIR", tempfile.mkdtemp(prefix="mtp-chat-co
 if os.environ["MTP_CHAT_COSTS_DIR"] and os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["MTP_CHAT_COSTS_DIR"] = os.path.join(os.environ["MTP_CHAT_COSTS_DIR"], os.environ["PYTEST_XDIST_WORKER"])
     os.makedirs(os.environ["MTP_CHAT_COSTS_DIR"], exist_ok=True)
-# Under pytest-xdist with no more workers than cores, worker gwN keeps to core N (and so do the
-# servers and browsers it starts). MLX's CPU backend hands each evaluation to its stream thread
-# and waits for it: between two cores every hand-off is a cross-core wake-up (futex, an IPI on a
-# VM), on one core a plain switch. Set here, before mlx starts its threads, which inherit it.
-# MTP_CHAT_TEST_PIN=0 leaves the workers free.
-if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and os.environ.get("MTP_CHAT_TEST_PIN", "1") != "0" \
-        and hasattr(os, "sched_setaffinity"):
-    _cores = sorted(os.sched_getaffinity(0))
-    if 0 < int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) <= len(_cores):
-        os.sched_setaffinity(0, {_cores[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cores)]})
 # The prefix cache on disk is off unless a test turns it on with a folder of its own: entries left
 # by one test's server would otherwise be found by the next (tests/test_disk_restart.py).
 os.environ.setdefault("MTP_CHAT_CACHE_DIR", "")
