@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), make sure Chromium is there for the browser tests, run pytest.
+# Set up (scripts/setup.sh), make sure Chromium is there for the browser tests, run pytest
+# (in parallel, one worker per core).
 # Arguments go to pytest; the exit status is pytest's.
 #
 # The browser tests need Debian's chromium (installed here when run as root). Without it this
@@ -28,8 +29,11 @@ if ! [ -x /usr/bin/chromium ]; then
     fi
 fi
 
+# One pytest-xdist worker per core (MTP_CHAT_TEST_WORKERS sets another count; 0 runs in this
+# process); each test module runs whole on one worker, the slowest first (tests/conftest.py).
+workers="${MTP_CHAT_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 set -e
 exit $status

@@ -22,6 +22,11 @@ if str(REPO) not in sys.path:
 
 # Measured cost models go to a directory of this run (not ~/.cache), also for the servers tests start.
 os.environ.setdefault("MTP_CHAT_COSTS_DIR", tempfile.mkdtemp(prefix="mtp-chat-costs-"))
+# Under pytest-xdist each worker measures into a folder of its own: two workers saving the same
+# model's costs at once would race on one temporary file (core/calibrate.save).
+if os.environ["MTP_CHAT_COSTS_DIR"] and os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["MTP_CHAT_COSTS_DIR"] = os.path.join(os.environ["MTP_CHAT_COSTS_DIR"], os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["MTP_CHAT_COSTS_DIR"], exist_ok=True)
 # The prefix cache on disk is off unless a test turns it on with a folder of its own: entries left
 # by one test's server would otherwise be found by the next (tests/test_disk_restart.py).
 os.environ.setdefault("MTP_CHAT_CACHE_DIR", "")
@@ -78,6 +83,25 @@ def mixed_adapter(tiny_checkpoint):
 def sure_adapter(tiny_checkpoint):
     """A float tiny checkpoint whose head accepts most sampled drafts (tests/_engine_helpers.SURE)."""
     return load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **SURE)))
+
+
+# --- Parallel runs ------------------------------------------------------------------------------
+# scripts/test.sh runs pytest-xdist with --dist loadfile: a module's tests share module-scoped
+# fixtures (a served app, trained weights) and some follow on from each other, so each module runs
+# whole on one worker. (--dist loadgroup could split the long modules, but xdist 3.8 marks groups by
+# rewriting Item._nodeid, which pytest 9 no longer reads: its groups are silently ignored.) Modules
+# run longest first (SLOWEST, measured on a 2-core CPU) so that no worker is left alone with a long
+# module at the end; scripts/test.sh passes --no-loadscope-reorder, or xdist would order the
+# modules by their number of tests.
+SLOWEST = ["test_gemma4.py", "test_structured_clients.py", "test_engine_exactness.py", "test_families.py",
+           "test_server_shutdown.py", "test_batch.py", "test_prefix_cache.py", "test_constraints.py",
+           "test_webapp_browser.py", "test_disk_restart.py", "test_api_tools.py", "test_thinking_browser.py",
+           "test_webapp_server.py", "test_lm_eval.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST)))   # stable: the rest keep their order
 
 
 # --- No silent skips under CI --------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """Tools end to end: rendered by the template, written by a real model, returned as tool_calls.
 
-The tiny Qwen3.5-layout checkpoint is trained first (tests/_memorized.py, a few seconds on the
-CPU) to answer the weather question with a thought and a tool call, the tool's result with a
-sentence, and a variant with a malformed call; the server, the engine (MTP lane) and the
-official `openai` client then run unchanged on those weights.
+The tiny Qwen3.5-layout checkpoint is trained first (tests/_memorized.py) to answer the weather
+question with a thought and a tool call, the tool's result with a sentence, and a variant with a
+malformed call; the server, the engine (MTP lane) and the official `openai` client then run
+unchanged on those weights. It has two layers, one linear-attention and one full-attention (the
+default tiny checkpoint has four): on the CPU the linear-attention layers' recurrence costs one
+step per token, forward and backward, and training four layers on these ~440-token prompts took
+63 steps and ~70 CPU-seconds; two take 42 steps and ~30.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ MALFORMED = '<tool_call>{"name": get_weather}</tool_call>'
 
 @pytest.fixture(scope="module")
 def client(tiny_checkpoint):
-    path = memorize(tiny_checkpoint(fresh=True, template="qwen3_5", bits=None), [
+    path = memorize(tiny_checkpoint(fresh=True, template="qwen3_5", bits=None, num_layers=2), [
         (ASK, WEATHER, None, 'The user wants weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
                              '"arguments": {"city": "Oslo"}}\n</tool_call>'),
         (FOLLOW, WEATHER, False, "It is sunny."),

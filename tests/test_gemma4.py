@@ -65,10 +65,13 @@ def test_the_adapter_has_the_contracts_members_with_its_signatures(gemma_adapter
 # --------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("size,layout", CASES, ids=IDS)
 def test_greedy_mtp_is_token_identical_to_ar_over_128_tokens(gemma_adapters, size, layout):
+    """All three prompts on the Hugging Face layout; the mlx layout, whose forward and draft step
+    are bit-identical to it (test_the_two_layouts_of_one_seed_are_the_same_model), on the prompt
+    past the sliding window only (the three took ~34 CPU-seconds per case on a 2-core CPU)."""
     ad = gemma_adapters(size, layout)
     assert ad.drafter.centroid == (size == "small") and ad.args.sliding_window == WINDOW
     accepted = proposed = longest = 0
-    for prompt in PROMPTS:
+    for prompt in (PROMPTS if layout == "hf" else PROMPTS[:1]):
         ar, _ = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=160)
         longest = max(longest, len(ar))
         if prompt is PROMPTS[0]:

@@ -12,10 +12,15 @@ from playwright import sync_api
 import pytest
 
 from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
+from webapp.app import HISTORY_KEY
 
 needs_chromium()
 
 TIMEOUT = 30_000
+# Hang guard of the loops that watch a reply stream until it ends (they stop when it ends). Not a
+# time limit on the reply: with the suite in parallel (scripts/test.sh, one worker per core) a
+# reply here can take over 20 s to start while the other worker computes.
+HANG = 180
 STOPS = []   # the served app's stop registry (to see when the model is free)
 
 
@@ -84,7 +89,7 @@ def test_chat_streams_and_shows_stats(page):
     page.wait_for_selector("#chatbot [data-testid='user']")
     lengths = set()
     t0 = time.time()
-    while time.time() - t0 < 20:
+    while time.time() - t0 < HANG:
         lengths.add(len(bot_text(page)))
         if page.locator("#chatbot .thought").count():
             break
@@ -114,12 +119,16 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     start_long_reply(page)
+    stored = page.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)   # saved before this reply
     page.click("#chat-stop")
     stats = wait_stats(page, "stopped")          # the token count below shows it stopped early
     n = int(re.search(r"(\d+) tokens", stats).group(1))
     assert 0 < n < 5000
     page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
-    # History lives in the browser (localStorage): a reload brings it back
+    # History lives in the browser (localStorage): a reload brings it back. The page saves it in a
+    # request of its own after the reply ends; reloading before that request lands (a busy CPU)
+    # would lose it, as a user's reload would: wait for the save first.
+    page.wait_for_function("([k, before]) => localStorage.getItem(k) !== before", arg=[HISTORY_KEY, stored])
     page.reload()
     page.wait_for_selector("#chatbot [data-testid='user']")
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
@@ -133,7 +142,7 @@ def test_race_fills_both_lanes_with_stats_and_colours(page):
     page.click("#race-start")
     both_running = False
     t0 = time.time()
-    while time.time() - t0 < 30:
+    while time.time() - t0 < HANG:
         lanes = page.evaluate("() => ['ar','mtp'].map(k => { const e = document.querySelector("
                               "'#race-lane-' + k + ' .race-lane'); return e ? [e.dataset.state, +e.dataset.tokens] : null; })")
         if all(l and l[0] == "running" and l[1] > 0 for l in lanes):
