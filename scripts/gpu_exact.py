@@ -120,6 +120,24 @@ def sampled(ad, fails: list, samples: int, budget: float) -> dict:
     return {"runs_per_lane": n, "outcomes": len(keys), "chi2_p": p, "ok": p > 0.001}
 
 
+def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
+    """Median seconds of a synchronised forward of each width over `tokens` (plus the commit of
+    one position, as calibrate.py times a verify), the first two runs of each left out."""
+    secs = {}
+    for w in widths:
+        runs = []
+        for _ in range(repeats):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
+            if cap is not None:
+                ad.rollback(cache, cap, keep=1)
+            mx.eval(logits, ad.state_arrays(cache, None))
+            runs.append(time.perf_counter() - t0)
+        secs[w] = statistics.median(runs[2:])
+    return secs
+
+
 def verify_costs(ad, context: int, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
     """Seconds of a verify of each width (forward + commit of one position, as calibrate.py
     times it) with the row-invariant attention on and off, relative to width 1."""
@@ -132,18 +150,7 @@ def verify_costs(ad, context: int, widths=(1, 2, 3, 4), repeats: int = 9) -> dic
     out = {"context": len(ids)}
     for on in (True, False):
         few.row_invariant = on
-        secs = {}
-        for w in widths:
-            runs = []
-            for _ in range(repeats):
-                mx.synchronize()
-                t0 = time.perf_counter()
-                logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
-                if cap is not None:
-                    ad.rollback(cache, cap, keep=1)
-                mx.eval(logits, ad.state_arrays(cache, None))
-                runs.append(time.perf_counter() - t0)
-            secs[w] = statistics.median(runs[2:])
+        secs = forward_seconds(ad, cache, tokens, widths, repeats)
         out["row_invariant" if on else "batched"] = {
             "ar_step_ms": secs[1] * 1e3, "verify_in_ar_steps": {str(w): secs[w] / secs[1] for w in widths}}
     few.row_invariant = True

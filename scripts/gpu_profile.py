@@ -43,6 +43,7 @@ from adapters.kernels import cuda_qmm  # noqa: E402
 from adapters.qwen3_5 import backends  # noqa: E402
 from core import AutoregressiveDecoder, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.stream import prefill  # noqa: E402
+from scripts.gpu_exact import forward_seconds  # noqa: E402
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
@@ -87,23 +88,11 @@ def variants(loaded, ad):
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
 
-def step_costs(ad, ids, widths=(1, 2, 3, 4), repeats=9) -> dict:
+def step_costs(ad, ids) -> dict:
     cache = ad.make_cache()
     prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, ad.make_draft(cache), None)
-    tokens = mx.array([ids[-8:]], dtype=mx.int32)
-    out = {}
-    for w in widths:
-        runs = []
-        for _ in range(repeats):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
-            if cap is not None:
-                ad.rollback(cache, cap, keep=1)
-            mx.eval(logits, ad.state_arrays(cache, None))
-            runs.append(time.perf_counter() - t0)
-        out[str(w)] = statistics.median(runs[2:]) * 1e3
-    return out
+    secs = forward_seconds(ad, cache, mx.array([ids[-8:]], dtype=mx.int32))
+    return {str(w): s * 1e3 for w, s in secs.items()}
 
 
 def lane(decoder, ids, tokens):

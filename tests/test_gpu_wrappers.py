@@ -176,17 +176,20 @@ def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
     assert seen == [(1, 9, 8)]  # Metal: MLX's matvec, unsliced
 
 
+def _reference_kernel(seen: list, what):
+    """A stand-in for the recurrence kernel (the fp32 reference), noting what(q) of each launch."""
+    def stand_in(q, k, v, g, beta, state, backend="cuda"):
+        seen.append(what(q))
+        y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
+        return y.astype(q.dtype), states
+    return stand_in
+
+
 def test_cuda_recurrence_runs_a_batch_one_sequence_a_launch(monkeypatch):
     """A batch's Gated-DeltaNet steps: each sequence through the kernel alone (the kernel takes
     one sequence), so a batched sequence's states are the ones it gets decoding alone."""
     launches = []
-
-    def stand_in(q, k, v, g, beta, state, backend="cuda"):
-        launches.append(q.shape[0])
-        y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
-        return y.astype(q.dtype), states
-
-    monkeypatch.setattr(gdn, "gated_delta_steps", stand_in)
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel(launches, lambda q: q.shape[0]))
     B, T, Hk, Hv, Dk, Dv = 3, 2, 2, 4, 64, 32
     keys = mx.random.split(mx.random.key(1), 6)
     q = mx.random.normal((B, T, Hk, Dk), key=keys[0]) * Dk**-0.5
@@ -283,13 +286,7 @@ def test_adapter_hooks_with_a_stand_in_kernel(tiny_checkpoint, monkeypatch):
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     ar_plain, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
     widths = []
-
-    def stand_in(q, k, v, g, beta, state, backend="cuda"):
-        widths.append(q.shape[1])
-        y, states = gdn.gated_delta_reference(q, k, v, g, beta, state)
-        return y.astype(q.dtype), states
-
-    monkeypatch.setattr(gdn, "gated_delta_steps", stand_in)
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel(widths, lambda q: q.shape[1]))
     ad.backend = backends.Backend("stand-in", backends.GpuKernels("cuda"), backends.MlxOps())
     ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
     assert 1 in widths and all(w <= gdn.GDN_MAX_T for w in widths)
