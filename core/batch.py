@@ -32,7 +32,7 @@ import mlx.core as mx
 from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after
 from .costs import DepthPolicy
-from .sampling import KeyStream, all_finite, check_finite
+from .sampling import KeyStream, all_finite, check_finite, sample_or_flag
 from .stats import WallClock
 from .stream import Lane
 
@@ -90,8 +90,7 @@ class Sequence:
         return [self.pending], ["target"], done.logits
 
     def _sample(self, logits: mx.array, allowed) -> mx.array:
-        # -1 marks a non-finite row: one value read per step, as the AR lane does (core/decoders.py)
-        return mx.where(all_finite(logits), self.sampler.sample(logits, self.keys.next(), allowed).astype(mx.int32), -1)
+        return sample_or_flag(self.sampler, logits, self.keys.next(), allowed)
 
     def _queue_ahead(self, y: mx.array) -> None:
         """Alone (the AR lane's own start): the forward of `y` and the token after it, queued

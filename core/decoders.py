@@ -9,7 +9,7 @@ import mlx.core as mx
 from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after
 from .costs import DepthPolicy, cached_costs
-from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite
+from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite, sample_or_flag
 from .stats import GenerationStats
 from .stream import Lane
 from .waterfall import Waterfall
@@ -28,8 +28,7 @@ class AutoregressiveDecoder(Lane):
         wf = wf or Waterfall(0)
 
         def sample(logits, allowed):
-            # -1 marks a non-finite logit row: one value to read per step, no second sync.
-            return mx.where(all_finite(logits), self.sampler.sample(logits, keys.next(), allowed).astype(mx.int32), -1)
+            return sample_or_flag(self.sampler, logits, keys.next(), allowed)
 
         cache, _, done = self._prefill(prompt, stats, stop, wf)
         y, row = sample(done.logits, allowed_after(c)), done.logits

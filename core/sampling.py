@@ -113,6 +113,12 @@ def all_finite(logits: mx.array) -> mx.array:
     return mx.isfinite(logits.sum())
 
 
+def sample_or_flag(sampler, logits: mx.array, key, allowed=None) -> mx.array:
+    """The sampled token (int32), or -1 where the logit row is not finite: one value to read per
+    step, no second sync (the AR lane, core/decoders.py, and a batch's AR steps, core/batch.py)."""
+    return mx.where(all_finite(logits), sampler.sample(logits, key, allowed).astype(mx.int32), -1)
+
+
 def check_finite(ok: bool, where: str) -> None:
     if not ok:
         raise NonFiniteLogitsError(
