@@ -98,3 +98,26 @@ def marginal(joint: dict, positions) -> dict:
             out[key] = out.get(key, 0.0) + pr
     total = sum(out.values())
     return {k: v / total for k, v in out.items()}
+
+
+# The first seed that does so on tiny_checkpoint(template="qwen3_5"), tried first: the search from
+# 0 took ~10-20 CPU-seconds per module; it runs again only if the tiny checkpoint's weights change.
+FIRST_THINKING_SEED = 46
+
+
+def seed_that_closes_thinking(adapter):
+    """(seed, reply text): a seed whose sampled reply to "Hello" (T=1, depth 2, 40 tokens) ends
+    its thinking once and then answers (the weights are random: the model closes the block by
+    chance; a seed makes the draw reproducible)."""
+    import pytest
+    from core import SpeculativeDecoder, chat_prompt, split_reply
+
+    prompt = chat_prompt(adapter, [{"role": "user", "content": "Hello"}])
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=0)
+    for seed in [FIRST_THINKING_SEED, *range(400)]:
+        ids, _ = SpeculativeDecoder(adapter, sampler=sampler, seed=seed, depth=2).generate(prompt, max_tokens=40)
+        text = adapter.tokenizer.decode(ids)
+        reasoning, answer = split_reply(text, inside=True)
+        if text.count("</think>") == 1 and "<think>" not in text and len(reasoning) > 5 and len(answer.strip()) > 6:
+            return seed, text
+    pytest.fail("no seed closes the thinking block")

@@ -70,10 +70,10 @@ def test_greedy_mtp_is_token_identical_to_ar_over_128_tokens(family_adapters, fa
     assert ad.contract.layout == ("Hugging Face" if layout == "hf" else "mlx + sidecar")
     accepted = proposed = longest = 0
     for prompt in PROMPTS:
-        ar, _ = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=160)
+        ar, _ = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=128)
         longest = max(longest, len(ar))
         for depth in (1, 2, 3):
-            mtp, stats = SpeculativeDecoder(ad, sampler=GREEDY, depth=depth).generate(prompt, max_tokens=160)
+            mtp, stats = SpeculativeDecoder(ad, sampler=GREEDY, depth=depth).generate(prompt, max_tokens=128)
             assert mtp == ar, (prompt, depth)
             assert stats.target_forwards == stats.cycles + 1
             accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
@@ -86,11 +86,12 @@ def test_sampled_tokens_follow_the_exact_distribution(family_adapters, family):
     """Tokens 2 and 3 come out of the first cycle at depth 2: chi-square against the exact
     joint distribution enumerated from the trunk."""
     ad = family_adapters(family, "mlx", SURE)
-    # 600 runs (1,200 before): at 400, three acceptance mutants of scripts/mutation_check.py still
-    # failed both families (p < 1e-5, or the acceptance counts); the fourth (the bonus drawn from
-    # the last draft's row) gave p = 0.1-0.75, so 1,200 caught it only by chance (expected p ~2e-3)
-    # (docs/bench/2026-12-01/sampled-tests-power.json)
-    sampler, prompt, runs = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4), [11, 12, 13], 600
+    # 300 runs (1,200, then 600 before): at 400 (and 390), three acceptance mutants of
+    # scripts/mutation_check.py still failed both families (p < 1e-5, or the acceptance counts);
+    # the fourth (the bonus drawn from the last draft's row) gave p = 0.1-0.75, so 1,200 caught it
+    # only by chance (expected p ~2e-3): tests/test_acceptance_exact.py and test_engine_exactness's
+    # depth-2 test catch that one (docs/bench/2026-12-01/sampled-tests-power.json)
+    sampler, prompt, runs = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4), [11, 12, 13], 300
     exact = marginal(exact_joint(ad, sampler, prompt, 3), (1, 2))
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(runs):
@@ -280,32 +281,19 @@ def test_inspect_model_finds_a_wrongly_declared_concat_order(tiny_checkpoint, ca
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_start_up_banner_names_the_family_and_the_backend(tiny_checkpoint, family):
-    import os
-    import subprocess
-    import sys
+    """The line `mtp-chat` prints after loading ("model: " + the host's description, webapp/cli.py;
+    the CLI itself runs in tests/test_webapp_server.py) and the page's banner, on a served app."""
     import urllib.request
 
-    from tests._webapp_helpers import free_port
-    from tests.test_webapp_server import REPO, _read_until
+    from tests._webapp_helpers import make_host, served
 
-    path = tiny_checkpoint(family=family, layout="hf", **OPTS)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MTP_CHAT_AUTH"}
-    proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", str(path), "--port", str(port), "--no-warmup"],
-                            cwd=REPO, env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        ok, lines = _read_until(proc, "press Ctrl+C", 90)
-        out = "".join(lines)
-        assert ok, out
-        model = next(l for l in lines if l.startswith("mtp-chat: model: "))
-        assert f"({family}, 4 experts)" in model and "Hugging Face)" in model and "backend cpu-compiled" in model
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config", timeout=10) as r:
+    host = make_host(tiny_checkpoint(family=family, layout="hf", **OPTS))
+    model = host.description
+    assert f"({family}, 4 experts)" in model and "Hugging Face)" in model and "backend cpu-compiled" in model
+    with served(host) as (url, _):
+        with urllib.request.urlopen(f"{url}/config", timeout=10) as r:
             page = r.read().decode()
-        assert f"{family}, 4 experts" in page and "backend cpu-compiled" in page  # the page's banner
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    assert f"{family}, 4 experts" in page and "backend cpu-compiled" in page  # the page's banner
 
 
 @pytest.mark.parametrize("family", FAMILIES)

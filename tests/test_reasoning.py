@@ -3,6 +3,7 @@ import pytest
 
 from adapters import load_adapter
 from core import SamplerConfig, SpeculativeDecoder, ThinkSplitter, chat_prompt, opens_thinking, split_reply
+from tests._engine_helpers import seed_that_closes_thinking
 
 
 def pieces(text_chunks, inside=False):
@@ -52,14 +53,7 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(thinking):
     ad = thinking
     prompt = chat_prompt(ad, [{"role": "user", "content": "Hello"}])
     sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=0)
-    for seed in range(300):   # a reply that closes its thinking, then answers
-        ids, _ = SpeculativeDecoder(ad, sampler=sampler, seed=seed, depth=2).generate(prompt, max_tokens=40)
-        text = ad.tokenizer.decode(ids)
-        reasoning, answer = split_reply(text, inside=True)
-        if text.count("</think>") == 1 and len(reasoning) > 3 and len(answer) > 6:
-            break
-    else:
-        pytest.fail("no seed closes the thinking block")
+    seed, text = seed_that_closes_thinking(ad)    # a reply that closes its thinking, then answers
     in_reasoning = text[: text.index("</think>")][1:4]
     in_answer = text[text.index("</think>") + len("</think>"):].lstrip()[2:5]
     lane = SpeculativeDecoder(ad, sampler=sampler, seed=seed, depth=2)

@@ -8,6 +8,8 @@ import os
 from playwright import sync_api
 import pytest
 
+from core import split_reply
+from tests._engine_helpers import seed_that_closes_thinking
 from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, make_host, served
 
 needs_chromium()
@@ -15,28 +17,13 @@ needs_chromium()
 SAMPLER = dict(temperature=1.0, top_p=1.0, top_k=0, max_tokens=40, depth=2)
 
 
-def seed_that_closes_thinking(adapter):
-    """A seed whose reply to "Hello" ends its thinking once and then answers (the weights are
-    random: the model closes the block by chance; a seed makes the draw reproducible)."""
-    from core import SamplerConfig, SpeculativeDecoder, chat_prompt, split_reply
-
-    prompt = chat_prompt(adapter, [{"role": "user", "content": "Hello"}])
-    sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=0)
-    for seed in range(400):
-        ids, _ = SpeculativeDecoder(adapter, sampler=sampler, seed=seed, depth=2).generate(prompt, max_tokens=40)
-        text = adapter.tokenizer.decode(ids)
-        reasoning, answer = split_reply(text, inside=True)
-        if text.count("</think>") == 1 and "<think>" not in text and len(reasoning) > 5 and len(answer.strip()) > 5:
-            return seed, reasoning, answer
-    pytest.fail("no seed closes the thinking block")
-
-
 @pytest.fixture(scope="module")
 def app(tiny_checkpoint):
     path = tiny_checkpoint(template="qwen3_5")
     from adapters import load_adapter
 
-    seed, reasoning, answer = seed_that_closes_thinking(load_adapter(path))
+    seed, text = seed_that_closes_thinking(load_adapter(path))
+    reasoning, answer = split_reply(text, inside=True)
     host = make_host(path, seed=seed, **SAMPLER)
     assert host.has_thinking
     with served(host) as (url, demo):
