@@ -40,7 +40,8 @@ def test_greedy_mtp_is_token_identical_to_ar(request, which, depth):
     adapter = request.getfixturevalue(which)
     greedy = SamplerConfig(temperature=0)
     total_accepted = total_proposed = 0
-    for prompt in PROMPTS:
+    # mlx-lm's modules: the one-token and the longest prompt (the four cost ~25 CPU-seconds more)
+    for prompt in (PROMPTS if not which.endswith("_modules") else PROMPTS[2:]):
         ar, ar_stats = AutoregressiveDecoder(adapter, sampler=greedy).generate(prompt, max_tokens=100)
         mtp, stats = SpeculativeDecoder(adapter, sampler=greedy, depth=depth).generate(prompt, max_tokens=100)
         assert mtp == ar
@@ -111,7 +112,7 @@ def test_sampled_ar_follows_the_exact_distribution(sure_adapter):
 def test_a_wrong_acceptance_rule_is_detected(mixed):
     """The statistical test has teeth: accepting every draft (no p/q check) fails it."""
     sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=4)
-    prompt, runs = [11, 12, 13], 1500
+    prompt, runs = [11, 12, 13], 600
     exact = exact_joint(mixed, sampler, prompt, 2)
     counts = Counter()
     for seed in range(runs):

@@ -85,16 +85,20 @@ def wait_stats(pg, needle, timeout=TIMEOUT):
 def test_chat_streams_and_shows_stats(page):
     set_number(page, "max-tokens", 200)
     page.fill("#chat-input textarea", "Tell me a story")
+    # The reply's length at every change of the chat until the stats line appears, recorded in the
+    # page: polling from here missed the updates when the other test worker held the CPU.
+    page.evaluate("""() => {
+        window.replyLengths = [];
+        window.replyWatch = new MutationObserver(() => {
+            const bot = document.querySelector('#chatbot [data-testid="bot"]');
+            if (bot && !document.querySelector('#chatbot .thought')) window.replyLengths.push(bot.innerText.length);
+        });
+        window.replyWatch.observe(document.querySelector('#chatbot'), {subtree: true, childList: true, characterData: true});
+    }""")
     page.click("#chat-send")
     page.wait_for_selector("#chatbot [data-testid='user']")
-    lengths = set()
-    t0 = time.time()
-    while time.time() - t0 < HANG:
-        lengths.add(len(bot_text(page)))
-        if page.locator("#chatbot .thought").count():
-            break
-        time.sleep(0.03)
-    stats = wait_stats(page, "tok/s")
+    stats = wait_stats(page, "tok/s", timeout=HANG * 1000)
+    lengths = set(page.evaluate("() => { window.replyWatch.disconnect(); return window.replyLengths; }"))
     assert len(lengths - {0}) >= 2, f"streamed in several updates, saw lengths {sorted(lengths)}"
     assert re.search(r"MTP · \d+ tokens · [\d.]+ tok/s · TTFT", stats)
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == "Tell me a story"
