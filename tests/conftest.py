@@ -132,3 +132,4 @@ def pytest_sessionfinish(session, exitstatus):
                 reason = why[-1] if isinstance(why, tuple) else str(why)
                 reporter.write_line(f"SKIPPED (fails under CI) {nodeid}: {reason}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

@@ -48,3 +48,24 @@ def test_uploads_are_refused(host, auth):
         r = httpx.post(url + "/gradio_api/upload", files={"files": ("big.bin", b"\0" * (20 * 2**20))}, timeout=30)
         assert r.status_code == 403 and "no file uploads" in r.json()["detail"]      # was 200 without login
         assert time.perf_counter() - t0 < 5
+
+
+def test_replies_on_a_kept_alive_connection_go_out_at_once(host):
+    """Every accepted connection has TCP_NODELAY. asyncio sets it only on sockets that say they
+    are TCP, and the listening socket was made without saying so: then each reply on a kept-alive
+    connection (the openai and anthropic clients keep theirs, browsers too) and each streamed
+    chunk waited for the client's delayed ACK, ~40 ms a request here
+    (docs/bench/2026-12-01/http-keepalive-latency.json)."""
+    import asyncio
+    import gc
+    import socket
+
+    with served(host) as (url, _):
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/v1/models").status_code == 200
+            mine = client.get("/v1/models").extensions["network_stream"].get_extra_info("socket").getsockname()
+            served_sockets = [t.get_extra_info("socket") for t in gc.get_objects()
+                              if isinstance(t, asyncio.Transport) and not t.is_closing()
+                              and t.get_extra_info("peername") == mine]
+            assert len(served_sockets) == 1
+            assert served_sockets[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

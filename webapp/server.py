@@ -182,7 +182,10 @@ def build_server(model_host, demo, *, auth=None, api=None, network: bool = False
 def _bind(host: str, port: int) -> socket.socket:
     """A listening-ready socket (bind errors surface here, as OSError, before anything starts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # accepted sockets inherit this one's. With proto 0 every reply on a kept-alive connection
+    # (the openai and anthropic clients keep theirs) waited ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
