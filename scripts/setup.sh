@@ -49,12 +49,12 @@ WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
     say "installing the project and its dev dependencies into .venv (uv pip install -e '.[dev]')"
     # uv resolves the same versions as pip (checked on a cold cache: the same 150 packages) in
-    # ~15 s on a 2-core host where pip takes ~2:45. It compiles no bytecode (compiling all 19k
-    # files took 45 s): start.sh and test.sh cache what is imported, on first import, in
-    # .venv/pycache (scripts/pycache.sh). pip remains the fallback (no uv wheel, an index only
-    # pip is configured for).
+    # about 65 s on a 2-core host where pip takes ~2:45; bytecode is compiled at install, as pip
+    # does (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile what it
+    # imports; caching it lazily instead cost the tests as much as it saved here). pip remains the
+    # fallback (no uv wheel, an index only pip is configured for).
     if ! { .venv/bin/python -m pip install -q --disable-pip-version-check uv \
-           && .venv/bin/python -m uv pip install -q --python .venv/bin/python -e '.[dev]'; } \
+           && .venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python -e '.[dev]'; } \
            >/tmp/mtp-chat-pip.log 2>&1; then
         say "uv could not install (log: /tmp/mtp-chat-pip.log); trying pip"
         .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true

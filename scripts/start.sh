@@ -3,5 +3,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-source scripts/pycache.sh
 exec .venv/bin/mtp-chat "$@"

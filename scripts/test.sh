@@ -9,7 +9,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-source scripts/pycache.sh
 
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
