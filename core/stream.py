@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -76,7 +76,11 @@ def prefill(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
             stop: Optional[threading.Event] = None, chunk: int = 0) -> Prefilled:
     """Run the prompt through the trunk, and the drafter over it, in chunks (all of them now;
     `prefill_chunks` runs them one at a time)."""
-    steps = prefill_chunks(adapter, prompt, cache, draft, prefix_cache, stop, chunk)
+    return run_through(prefill_chunks(adapter, prompt, cache, draft, prefix_cache, stop, chunk))
+
+
+def run_through(steps: Iterator):
+    """Run a generator to its end; returns its return value."""
     while True:
         try:
             next(steps)
@@ -199,12 +203,7 @@ class Lane:
 
     def _prefill(self, prompt: Prompt, stats: GenerationStats, stop, wf: Waterfall) -> Tuple[object, object, Prefilled]:
         """Fresh caches, filled with the prompt (from the prefix cache where it can)."""
-        steps = self._prefill_chunks(prompt, stats, stop, wf)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_through(self._prefill_chunks(prompt, stats, stop, wf))
 
     def _prefill_chunks(self, prompt: Prompt, stats: GenerationStats, stop, wf: Waterfall, chunk: int = 0):
         """`_prefill` one chunk per next() (core.stream.prefill_chunks); returns what it returns."""

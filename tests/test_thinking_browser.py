@@ -69,7 +69,6 @@ def test_thinking_section_and_clean_answer_then_a_long_conversation(app):
                           else "/tmp/chat-thinking.png", full_page=True)
             # a long conversation keeps answering, later turns from the prefix cache
             for i in range(4):
-                n = pg.locator("#chatbot .thought").count()
                 pg.fill("#chat-input textarea", f"Question number {i}: " + "tell me more about the sea " * 20)
                 pg.click("#chat-send")
                 pg.wait_for_function("n => [...document.querySelectorAll('#chatbot .thought')]"
