@@ -15,14 +15,17 @@ CPU backend. The shape rules (`qmm_supported`) are plain Python and tested on th
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional
+from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
 MAX_ROWS = 8  # one mma tile of token columns
-QMM_WARPS = 8  # warps per block, splitting K; each block owns 32 output rows
-QMM_ROWS = 32
+QMM_ROWS = 16  # output rows of one mma tile: N must be whole tiles
+QMM_MAX_WARPS = 8  # warps of a block splitting K (the kernel's shared partials hold 8)
+QMM_TARGET_WARPS = 2048  # warps a launch aims for (132 SMs x ~16), so loads stay in flight
+QMM_WIDE_N = 8192  # from this N a warp takes two tiles (x loaded once for 32 rows)
+QMM_UNROLL = 2  # chunks a warp loads before it computes
 QMM_BITS = (4, 8)
 QMM_GROUPS = (32, 64, 128)
 
@@ -102,125 +105,125 @@ __device__ __forceinline__ uint32_t qmm_dequant(uint32_t w, int shift,
   }
 }
 
-template <typename T, int BITS>
-struct QmmChunk {
-  static constexpr int VPT = 128 / BITS;  // values per 16 bytes
-  uint4 w[4];                             // rows g, g+8, g+16, g+24
-  T s[4], b[4];
-  uint4 x[VPT / 8];                       // VPT values of token row g
-};
 """
 
 QMM_SOURCE = r"""
   typedef QmmTraits<T> Tr;
-  constexpr int VPT = 128 / BITS;
-  constexpr int KSTEPS = VPT / 4;
-  constexpr int CHUNK = 4 * VPT;
+  constexpr int VPT = 128 / BITS;   // values in one lane's 16-byte load
+  constexpr int KSTEPS = VPT / 4;   // mma k-steps in a chunk
+  constexpr int CHUNK = 4 * VPT;    // k per warp chunk (the 4 lanes of a quad side by side)
+  constexpr int XV = VPT / 8;       // uint4 loads of x per lane and chunk
   const int M = x_shape[0];
   const int K = x_shape[1];
   const int N = w_shape[0];
+  const int W = blockDim.x >> 5;    // warps splitting K; fixed per shape, never per M
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n0 = blockIdx.x * 32;
+  const int n0 = blockIdx.x * (16 * TILES);
   const int G = K / GROUP;
   const int wrow = K * BITS / 32;
   const int n_chunks = K / CHUNK;
   const bool has_row = g < M;
 
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  float acc[TILES][4];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-  auto load = [&](int chunk, QmmChunk<T, BITS>& c) {
-    const int k0 = chunk * CHUNK + t * VPT;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = n0 + g + 8 * i;
-      c.w[i] = __ldg(reinterpret_cast<const uint4*>(w + (size_t)row * wrow + k0 * BITS / 32));
-      c.s[i] = scales[(size_t)row * G + k0 / GROUP];
-      c.b[i] = biases[(size_t)row * G + k0 / GROUP];
-    }
-#pragma unroll
-    for (int i = 0; i < VPT / 8; ++i) {
-      c.x[i] = has_row ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + k0 + 8 * i)
-                       : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
+  uint4 wv[U][TILES][2];
+  T sv[U][TILES][2], bv[U][TILES][2];
+  uint4 xv[U][XV];
 
-  auto compute = [&](const QmmChunk<T, BITS>& c) {
-    const uint32_t* xr = reinterpret_cast<const uint32_t*>(c.x);
-    typename Tr::T2 s2[4], b2[4];
-    float sf[4], bf[4];
+  for (int base = warp; base < n_chunks; base += U * W) {
+    // Every load of U chunks first (memory-level parallelism), then their arithmetic.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s2[i] = Tr::pair(c.s[i]);
-      b2[i] = Tr::pair(c.b[i]);
-      sf[i] = static_cast<float>(c.s[i]);
-      bf[i] = static_cast<float>(c.b[i]);
-    }
-    const uint32_t* wr[4] = {
-        reinterpret_cast<const uint32_t*>(&c.w[0]), reinterpret_cast<const uint32_t*>(&c.w[1]),
-        reinterpret_cast<const uint32_t*>(&c.w[2]), reinterpret_cast<const uint32_t*>(&c.w[3])};
+    for (int u = 0; u < U; ++u) {
+      const int chunk = base + u * W;
+      if (chunk < n_chunks) {
+        const int k0 = chunk * CHUNK + t * VPT;
 #pragma unroll
-    for (int j = 0; j < KSTEPS; ++j) {
-      int word, sh0, sh1;
-      uint32_t b0, b1;
-      if constexpr (BITS == 4) {
-        // step j: word j/2; slot pairs = nibbles (2e, 2e+4) and (2e+1, 2e+5), e = j%2
-        const int e = j & 1;
-        word = j >> 1;
-        sh0 = 8 * e;
-        sh1 = 8 * e + 4;
-        const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
-        b0 = __byte_perm(xa, xb, 0x5410);  // x[8w+2e], x[8w+2e+4]
-        b1 = __byte_perm(xa, xb, 0x7632);  // x[8w+2e+1], x[8w+2e+5]
-      } else {
-        // step j: word j; slot pairs = bytes (0, 1) and (2, 3)
-        word = j;
-        sh0 = 0;
-        sh1 = 16;
-        b0 = xr[2 * j];
-        b1 = xr[2 * j + 1];
-      }
+        for (int i = 0; i < TILES; ++i) {
 #pragma unroll
-      for (int tile = 0; tile < 2; ++tile) {
-        const int lo = 2 * tile, hi = 2 * tile + 1;
-        uint32_t a[4];
-        a[0] = qmm_dequant<T, BITS>(wr[lo][word], sh0, s2[lo], b2[lo], sf[lo], bf[lo]);
-        a[1] = qmm_dequant<T, BITS>(wr[hi][word], sh0, s2[hi], b2[hi], sf[hi], bf[hi]);
-        a[2] = qmm_dequant<T, BITS>(wr[lo][word], sh1, s2[lo], b2[lo], sf[lo], bf[lo]);
-        a[3] = qmm_dequant<T, BITS>(wr[hi][word], sh1, s2[hi], b2[hi], sf[hi], bf[hi]);
-        Tr::mma(acc[tile], a, b0, b1);
+          for (int h = 0; h < 2; ++h) {
+            const size_t row = (size_t)(n0 + 16 * i + g + 8 * h);
+            wv[u][i][h] = __ldg(reinterpret_cast<const uint4*>(w + row * wrow + k0 * BITS / 32));
+            sv[u][i][h] = scales[row * G + k0 / GROUP];
+            bv[u][i][h] = biases[row * G + k0 / GROUP];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < XV; ++i)
+          xv[u][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * K + k0 + 8 * i))
+                             : make_uint4(0u, 0u, 0u, 0u);
       }
     }
-  };
-
-  // Two chunks in flight: the next one's loads are issued before this one's arithmetic.
-  QmmChunk<T, BITS> cur, nxt;
-  int chunk = warp;
-  if (chunk < n_chunks) load(chunk, cur);
-  for (; chunk < n_chunks; chunk += WARPS) {
-    if (chunk + WARPS < n_chunks) load(chunk + WARPS, nxt);
-    compute(cur);
-    cur = nxt;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (base + u * W < n_chunks) {
+        const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[u]);
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+          const typename Tr::T2 s_lo = Tr::pair(sv[u][i][0]), s_hi = Tr::pair(sv[u][i][1]);
+          const typename Tr::T2 b_lo = Tr::pair(bv[u][i][0]), b_hi = Tr::pair(bv[u][i][1]);
+          const float sf_lo = static_cast<float>(sv[u][i][0]), sf_hi = static_cast<float>(sv[u][i][1]);
+          const float bf_lo = static_cast<float>(bv[u][i][0]), bf_hi = static_cast<float>(bv[u][i][1]);
+          const uint32_t* wl = reinterpret_cast<const uint32_t*>(&wv[u][i][0]);
+          const uint32_t* wh = reinterpret_cast<const uint32_t*>(&wv[u][i][1]);
+#pragma unroll
+          for (int j = 0; j < KSTEPS; ++j) {
+            int word, sh0, sh1;
+            uint32_t b0, b1;
+            if constexpr (BITS == 4) {
+              // step j: word j/2; slot pairs = nibbles (2e, 2e+4) and (2e+1, 2e+5), e = j%2
+              const int e = j & 1;
+              word = j >> 1;
+              sh0 = 8 * e;
+              sh1 = 8 * e + 4;
+              const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
+              b0 = __byte_perm(xa, xb, 0x5410);
+              b1 = __byte_perm(xa, xb, 0x7632);
+            } else {
+              word = j;
+              sh0 = 0;
+              sh1 = 16;
+              b0 = xr[2 * j];
+              b1 = xr[2 * j + 1];
+            }
+            uint32_t a[4];
+            a[0] = qmm_dequant<T, BITS>(wl[word], sh0, s_lo, b_lo, sf_lo, bf_lo);
+            a[1] = qmm_dequant<T, BITS>(wh[word], sh0, s_hi, b_hi, sf_hi, bf_hi);
+            a[2] = qmm_dequant<T, BITS>(wl[word], sh1, s_lo, b_lo, sf_lo, bf_lo);
+            a[3] = qmm_dequant<T, BITS>(wh[word], sh1, s_hi, b_hi, sf_hi, bf_hi);
+            Tr::mma(acc[i], a, b0, b1);
+          }
+        }
+      }
+    }
   }
 
-  // Sum the warps' partials in a fixed order (warp 0..7): the result is independent of M.
-  __shared__ float red[WARPS][8][32];
+  // The warps' partials summed in a fixed order (warp 0, 1, ...): a row's result does not
+  // depend on how many rows travel with it.
+  __shared__ float red[8][TILES * 4][32];
 #pragma unroll
-  for (int tile = 0; tile < 2; ++tile)
+  for (int i = 0; i < TILES; ++i)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) red[warp][tile * 4 + r][lane] = acc[tile][r];
+    for (int r = 0; r < 4; ++r) red[warp][i * 4 + r][lane] = acc[i][r];
   __syncthreads();
-  const int slot = threadIdx.x >> 5;  // tile*4 + r
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < WARPS; ++i) sum += red[i][slot][lane];
-  // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols)
-  const int tile = slot >> 2, r = slot & 3;
-  const int row = n0 + 16 * tile + g + 8 * (r >> 1);
-  const int col = 2 * t + (r & 1);
-  if (col < M) y[(size_t)col * N + row] = static_cast<T>(sum);
+  for (int s = threadIdx.x; s < TILES * 4 * 32; s += blockDim.x) {
+    const int slot = s >> 5, l = s & 31;
+    float sum = 0.f;
+    for (int v = 0; v < W; ++v) sum += red[v][slot][l];
+    // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols)
+    const int i = slot >> 2, r = slot & 3;
+    const int row = n0 + 16 * i + (l >> 2) + 8 * (r >> 1);
+    const int col = 2 * (l & 3) + (r & 1);
+    if (col < M) {
+      T out = static_cast<T>(sum);
+      QMM_RESIDUAL
+      y[(size_t)col * N + row] = out;
+    }
+  }
 """
 
 
@@ -247,44 +250,78 @@ def qmm_supported(x_shape, x_dtype, w_shape, scales_dtype, bits: int, group_size
     )
 
 
+def qmm_config(N: int, K: int, bits: int) -> Tuple[int, int]:
+    """(tiles of 16 output rows per warp, warps splitting K) for an N x K weight.
+
+    A function of the weight's shape only, never of the row count: the reduction order (which
+    warp sums which k, in which order the warps' partials add up) is then the same for 1 row
+    and for 8, so a verify row equals the decode step's row bit for bit. Enough warps keep
+    enough loads in flight to stream the weights; two tiles per warp halve x's traffic where
+    N is wide enough to fill the GPU anyway."""
+    chunks = K // (4 * 128 // bits)
+    tiles = 2 if N >= QMM_WIDE_N and N % 32 == 0 else 1
+    blocks = N // (16 * tiles)
+    warps = 1
+    while warps < QMM_MAX_WARPS and blocks * warps < QMM_TARGET_WARPS and chunks >= 4 * warps:
+        warps *= 2
+    return tiles, warps
+
+
+def _strip(source: str) -> str:
+    # MLX rebuilds and hashes a custom kernel's whole source on every call: keep it short.
+    lines = (line.split("//")[0].rstrip() for line in source.splitlines())
+    return "\n".join(line for line in lines if line.strip())
+
+
+# The residual is added to the product rounded to T, as `res + (x @ w.T)` in T would add it.
+_RESIDUAL = "out = static_cast<T>(static_cast<float>(out) + static_cast<float>(res[(size_t)col * N + row]));"
+
+
 @lru_cache(maxsize=None)
-def _qmm_kernel():
+def _qmm_kernel(residual: bool):
     return mx.fast.cuda_kernel(
-        name="mtp_qmm_rows",
-        input_names=["x", "w", "scales", "biases"],
+        name="mtp_qmv_res" if residual else "mtp_qmv",
+        input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []),
         output_names=["y"],
-        source=QMM_SOURCE,
-        header=QMM_HEADER,
+        source=_strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else "")),
+        header=_strip(QMM_HEADER),
     )
 
 
 def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                          bits: int, group_size: int) -> mx.array:
-    """x [..., K] (1-8 rows) @ dequant(w).T -> [..., N], one launch, weights read once.
+                          bits: int, group_size: int, residual: Optional[mx.array] = None,
+                          config: Optional[Tuple[int, int]] = None) -> mx.array:
+    """x [..., K] (1-8 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
+    rows; `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
 
-    The caller checks qmm_supported first (gpu_decode does)."""
+    The caller checks qmm_supported first (gpu_decode does). `config` overrides qmm_config
+    (benchmarks only: a row's bits depend on it)."""
     K = x.shape[-1]
     N = w.shape[0]
     x2 = x.reshape(-1, K)
-    (y,) = _qmm_kernel()(
-        inputs=[x2, w, scales, biases],
-        template=[("T", x.dtype), ("BITS", bits), ("GROUP", group_size), ("WARPS", QMM_WARPS)],
-        grid=(N // QMM_ROWS * QMM_WARPS * 32, 1, 1),
-        threadgroup=(QMM_WARPS * 32, 1, 1),
+    tiles, warps = config or qmm_config(N, K, bits)
+    inputs = [x2, w, scales, biases]
+    if residual is not None:
+        inputs.append(residual.reshape(-1, N))
+    (y,) = _qmm_kernel(residual is not None)(
+        inputs=inputs,
+        template=[("T", x.dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL)],
+        grid=(N // (16 * tiles) * warps * 32, 1, 1),
+        threadgroup=(warps * 32, 1, 1),
         output_shapes=[(x2.shape[0], N)],
         output_dtypes=[x.dtype],
     )
     return y.reshape(*x.shape[:-1], N)
 
 
-def linear_rows(module, x: mx.array) -> Optional[mx.array]:
-    """x @ dequant(module.weight).T through the kernel for an nn.QuantizedLinear without bias
-    (or a tied nn.QuantizedEmbedding used as the output projection); None where it does not
-    apply (the caller then uses the module itself)."""
+def linear_rows(module, x: mx.array, residual: Optional[mx.array] = None) -> Optional[mx.array]:
+    """x @ dequant(module.weight).T (+ residual) through the kernel for an nn.QuantizedLinear
+    without bias (or a tied nn.QuantizedEmbedding used as the output projection); None where it
+    does not apply (the caller then uses the module itself)."""
     if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in module:
         return None
     w, scales, biases = module["weight"], module["scales"], module.get("biases")
     if biases is None or not qmm_supported(x.shape, x.dtype, w.shape, scales.dtype, module.bits,
                                            module.group_size, module.mode):
         return None
-    return quantized_matmul_rows(x, w, scales, biases, module.bits, module.group_size)
+    return quantized_matmul_rows(x, w, scales, biases, module.bits, module.group_size, residual)
