@@ -8,10 +8,10 @@ shape (issue 20); this found the row kernel slower than MLX's own matmul for a d
 Each variant replaces the few runner (`adapter.backend.few`), so prefill, sampling and the lanes
 stay the same:
 
-    default   as loaded (cuda-kernels: MLX's quantized matmul at most 4 rows a call, the
-              one-launch recurrence kernel)
-    row-kernel  the adapter's row kernel for quantized linears of 1-8 rows (the default before
-              this profile)
+    default   as loaded (cuda-kernels: the row kernel for quantized linears of 1-8 rows, joined
+              projections and fused residuals, the one-launch recurrence kernel)
+    mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
+              default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
     mlx       MLX's own ops (what the backend falls back to; row-invariant attention kept)
     compiled  each layer one compiled function (backends.CpuCompiled's, fewer launches), MLX's
@@ -83,7 +83,7 @@ def variants(loaded, ad):
     rope = next(l.self_attn.rope for l in ad.inner.layers if not l.is_linear)
     no_gdn = backends.GpuKernels(kind)
     no_gdn.recurrence = lambda *a: backends.MlxOps.recurrence(no_gdn, *a)
-    return {"default": loaded, "row-kernel": backends.GpuKernels(kind, row_kernel=True), "no-gdn": no_gdn,
+    return {"default": loaded, "mlx-qmv": backends.GpuKernels(kind, row_kernel=False), "no-gdn": no_gdn,
             "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
@@ -91,8 +91,34 @@ def variants(loaded, ad):
 def step_costs(ad, ids) -> dict:
     cache = ad.make_cache()
     prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, ad.make_draft(cache), None)
-    secs = forward_seconds(ad, cache, mx.array([ids[-8:]], dtype=mx.int32))
+    secs = forward_seconds(ad, cache, mx.array([ids[-8:]], dtype=mx.int32), widths=(1, 2, 3, 4, 5))
     return {str(w): s * 1e3 for w, s in secs.items()}
+
+
+def graph_sizes(ad, ids, widths=(1, 2, 3, 4, 5), repeats: int = 5) -> dict:
+    """Per forward width: the primitives of its graph (mx.export_to_dot's rectangles, the
+    commit's included) and the host's time to build that graph (median), before evaluation."""
+    cache = ad.make_cache()
+    prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, ad.make_draft(cache), None)
+    tokens = mx.array([ids[-8:]], dtype=mx.int32)
+    dot = Path("/tmp/mtp_chat_step.dot")
+    out = {}
+    for w in widths:
+        builds, count = [], 0
+        for r in range(repeats):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
+            if cap is not None:
+                ad.rollback(cache, cap, keep=1)
+            state = ad.state_arrays(cache, None)
+            builds.append(time.perf_counter() - t0)
+            if r == 0:
+                mx.export_to_dot(str(dot), logits, *state)
+                count = dot.read_text().count("shape=rectangle")
+            mx.eval(logits, state)
+        out[str(w)] = {"primitives": count, "build_ms": statistics.median(builds) * 1e3}
+    return out
 
 
 def lane(decoder, ids, tokens):
@@ -132,6 +158,7 @@ def main(argv=None) -> int:
             lane(SpeculativeDecoder(ad, sampler=GREEDY, depth=2), ids, 16)
             mlx_lm_tok_s(ad, ids, 16)
             costs = step_costs(ad, ids)
+            sizes = graph_sizes(ad, ids)
             ar, mtp, ref = [], [], []
             for _ in range(a.repeats):
                 ar_ids, s = lane(AutoregressiveDecoder(ad, sampler=GREEDY), ids, a.tokens)
@@ -140,6 +167,7 @@ def main(argv=None) -> int:
                 mtp.append(s)
                 ref.append(mlx_lm_tok_s(ad, ids, a.tokens))
             row = {"forward_ms": costs, "verify_in_steps": {w: v / costs["1"] for w, v in costs.items()},
+                   "graph": sizes,
                    "ar_tok_s": statistics.median(ar), "mtp_d2_tok_s": statistics.median(mtp),
                    "mlx_lm_tok_s": statistics.median(ref),
                    "ar_vs_mlx_lm": statistics.median(x / y for x, y in zip(ar, ref)),

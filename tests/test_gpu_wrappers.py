@@ -124,38 +124,77 @@ def _quantized_linear(K=256, N=64, bits=4, group=64, dtype=BF):
     return lin
 
 
-def test_cuda_runner_takes_the_kernel_only_where_it_applies_and_leaves_the_model_alone(monkeypatch):
+def _stand_in_kernel(calls: list):
+    """The row kernel's stand-in on the CPU: MLX's quantized matmul (+ the residual), noting
+    each launch's (rows, N, residual given)."""
+    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None):
+        calls.append((x.size // x.shape[-1], w.shape[0], residual is not None))
+        y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
+        return y if residual is None else residual + y
+    return stand_in
+
+
+def test_cuda_runner_takes_the_kernel_where_it_applies_and_leaves_the_model_alone(monkeypatch):
     calls = []
-
-    def fake(x, w, scales, biases, bits, group_size, residual=None, config=None):
-        calls.append(x.shape)
-        return mx.zeros((*x.shape[:-1], w.shape[0]), dtype=x.dtype)
-
-    monkeypatch.setattr(gk, "quantized_matmul_rows", fake)
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _stand_in_kernel(calls))
     lin, emb = _quantized_linear(), nn.QuantizedEmbedding(64, 256, group_size=64, bits=4)
     emb.set_dtype(BF)
     before = [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]]
     x = mx.random.normal((1, 3, 256)).astype(BF)
     stock = lin(x)  # the module itself: MLX's own path, what mlx_lm.stream_generate runs
     assert calls == [] and bool(mx.any(stock != 0))
-    # By default (measured faster) the row kernel is not used: MLX's own matmul, as mlx_lm's.
-    plain = backends.GpuKernels("cuda")
-    assert bool(mx.array_equal(plain.linear(lin, x), stock)) and calls == []
-    run = backends.GpuKernels("cuda", row_kernel=True)
-    assert bool(mx.all(run.linear(lin, x) == 0)) and calls == [(1, 3, 256)]
-    assert bool(mx.all(run.lm_head(emb, True, x) == 0)) and len(calls) == 2  # the tied output projection
-    np.testing.assert_array_equal(np.array(run.linear(lin, mx.zeros((9, 256), BF)).astype(mx.float32)), 0)
-    assert len(calls) == 2  # 9 rows: wider than the kernel, MLX's path
-    lin.set_dtype(mx.float32)
-    run.linear(lin, x.astype(mx.float32))
-    assert len(calls) == 2  # fp32: MLX's path
-    assert not backends.GpuKernels("metal", row_kernel=True).row_kernel  # Metal: MLX's matvec
+    run = backends.GpuKernels("cuda")  # on CUDA the row kernel is the default
+    assert bool(mx.array_equal(run.linear(lin, x), stock)) and calls == [(3, 64, False)]
+    assert bool(mx.array_equal(run.lm_head(emb, True, x), emb.as_linear(x)))  # the tied output projection
+    assert calls[-1] == (3, 64, False)
+    calls.clear()
+    wide = mx.random.normal((2, 9, 256)).astype(BF)  # a batch wider than one launch: 8 rows at a time
+    assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
+    assert calls == [(8, 64, False), (8, 64, False), (2, 64, False)]
+    calls.clear()
+    lin32 = _quantized_linear(dtype=mx.float32)
+    run.linear(lin32, x.astype(mx.float32))
+    assert calls == []  # fp32: MLX's path
+    assert not backends.GpuKernels("metal").row_kernel  # Metal: MLX's matvec
+    assert not backends.GpuKernels("cuda", row_kernel=False).row_kernel
     assert [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]] == before
-    assert bool(mx.any(lin(x.astype(mx.float32)) != 0))  # nothing retyped: the model is as mlx-lm made it
+
+
+def test_linears_sharing_an_input_run_as_one_product(monkeypatch):
+    """q/k/v, gate/up and a Gated-DeltaNet layer's input projections: one launch over the rows
+    of all of them; each module keeps a view of its rows, so the model computes what it did."""
+    calls = []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _stand_in_kernel(calls))
+    mods = [_quantized_linear(N=n) for n in (64, 32, 16)]
+    x = mx.random.normal((1, 2, 256)).astype(BF)
+    alone = [m(x) for m in mods]
+    run = backends.GpuKernels("cuda")
+    ys = run.linears(mods, x)
+    assert calls == [(2, 112, False)]
+    assert all(bool(mx.array_equal(y, a)) for y, a in zip(ys, alone))
+    assert all(bool(mx.array_equal(m(x), a)) for m, a in zip(mods, alone))  # the modules after joining
+    assert all(m["weight"].shape == (n, 32) for m, n in zip(mods, (64, 32, 16)))
+    run.linears(mods, x)
+    assert len(calls) == 2  # joined once, reused
+    calls.clear()
+    mixed = [_quantized_linear(N=64), _quantized_linear(N=64, bits=8)]
+    ys = run.linears(mixed, x)
+    assert calls == [(2, 64, False), (2, 64, False)]  # other quantizations: each alone
+    assert all(bool(mx.array_equal(y, m(x))) for y, m in zip(ys, mixed))
+
+
+def test_the_residual_is_added_inside_the_product(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _stand_in_kernel(calls))
+    lin = _quantized_linear()
+    x, h = mx.random.normal((1, 3, 256)).astype(BF), mx.random.normal((1, 3, 64)).astype(BF)
+    y = backends.GpuKernels("cuda").linear_add(lin, x, h)
+    assert calls == [(3, 64, True)] and bool(mx.array_equal(y, h + lin(x)))
+    assert bool(mx.array_equal(backends.MlxOps().linear_add(lin, x, h), h + lin(x)))  # the reference
 
 
 def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
-    """MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one row; wider
+    """Without the row kernel: MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one row; wider
     inputs (a depth-4+ verify, a batch) go in slices of 4 so each row stays the decode step's."""
     seen = []
 
@@ -163,7 +202,7 @@ def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
         seen.append(x.shape)
         return mx.concatenate([x, -x], axis=-1)
 
-    run = backends.GpuKernels("cuda")
+    run = backends.GpuKernels("cuda", row_kernel=False)
     for shape, calls in [((1, 1, 8), [(1, 1, 8)]), ((1, 4, 8), [(1, 4, 8)]),
                          ((1, 9, 8), [(4, 8), (4, 8), (1, 8)]), ((3, 2, 8), [(4, 8), (2, 8)])]:
         seen.clear()

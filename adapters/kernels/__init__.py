@@ -19,7 +19,7 @@ from . import cpu_attention, cuda_qmm, gdn
 from .cuda_qmm import cuda_available
 
 
-def self_check(backend: str, seed: int = 0, row_kernel: bool = False) -> Optional[str]:
+def self_check(backend: str, seed: int = 0, row_kernel: bool = True) -> Optional[str]:
     """Run the kernels once against plain ops; None if they agree, else why not.
 
     A kernel that fails to compile or disagrees must not silently decode: the adapter falls
@@ -27,17 +27,21 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = False) -> Optiona
     here at load.)"""
     try:
         key = mx.random.key(seed)
-        if backend == "cuda" and row_kernel:  # the row kernel is off unless asked (backends.GpuKernels)
+        if backend == "cuda" and row_kernel:
             kw, kx, key = mx.random.split(key, 3)
             w = mx.random.normal((64, 256), key=kw).astype(mx.bfloat16)
             wq, s, b = mx.quantize(w, group_size=64, bits=4)
-            x = mx.random.normal((3, 256), key=kx).astype(mx.bfloat16)
+            x = mx.random.normal((cuda_qmm.MAX_ROWS, 256), key=kx).astype(mx.bfloat16)
             y = cuda_qmm.quantized_matmul_rows(x, wq, s, b, 4, 64)
             ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
             err = float(mx.abs(y.astype(mx.float32) - ref.astype(mx.float32)).max())
             scale = float(mx.abs(ref.astype(mx.float32)).max())
             if not err <= 0.02 * scale:
                 return f"the quantized matmul differs from mx.quantized_matmul by {err:.2e}"
+            # What exactness rests on: a row's bits do not depend on the rows beside it.
+            for m in range(1, cuda_qmm.MAX_ROWS):
+                if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], wq, s, b, 4, 64), y[:m])):
+                    return f"the quantized matmul's rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
         kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
         T, Hk, Hv, Dk, Dv = 3, 2, 4, 64, 32
         q = mx.random.normal((1, T, Hk, Dk), key=kq) * Dk**-0.5

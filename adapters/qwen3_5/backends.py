@@ -18,11 +18,12 @@ attention) and runs each layer with them. The backends:
   the 2-row ones, and more so for wide matrices.) Long forwards go through "mlx" with the CPU
   prefill attention (kernels/cpu_attention.py).
 - "cuda-kernels": the few runner sends the Gated-DeltaNet recurrence of up to 8 positions
-  through one kernel launch, and quantized linears through MLX's own matmul at most 4 rows a
-  call (row-invariant; the adapter's row kernel, kernels/cuda_qmm.py, measured slower, is off
-  unless asked); prefill stays on MLX's own path. mlx-lm's model object is not touched, so
-  mlx_lm.stream_generate on the same weights keeps MLX's path (benchmarks against stock mlx-lm
-  stay honest).
+  through one kernel launch, and every quantized linear of 1-8 rows through the row kernel
+  (kernels/cuda_qmm.py: the weights read once for all rows, each row as alone), with the
+  linears that share an input joined into one product and residuals added inside it; prefill
+  stays on MLX's own path. mlx-lm's modules keep their types and values (the joined weights'
+  row views), so mlx_lm.stream_generate on the same weights keeps MLX's path (benchmarks
+  against stock mlx-lm stay honest).
 - "metal-kernels": the recurrence kernel only (MLX's Metal matvec is already good).
 
 The GPU kernels check themselves once at load (kernels.self_check); one that fails to build or
@@ -31,9 +32,11 @@ disagrees falls back to "mlx", saying so.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -72,6 +75,15 @@ class MlxOps:
     # -- primitives ---------------------------------------------------------------------
     def linear(self, m, x):
         return m(x)
+
+    def linears(self, modules, x):
+        """Linears that share an input, each as its own product (a GPU runner fuses them)."""
+        return [self.linear(m, x) for m in modules]
+
+    def linear_add(self, m, x, residual):
+        """residual + linear(x) (a GPU runner adds inside the product's kernel)."""
+        y = self.linear(m, x)
+        return y if residual is None else residual + y
 
     def norm(self, m, x):
         return m(x)
@@ -310,37 +322,76 @@ class CpuCompiledBatch(CpuCompiled):
 QMV_ROWS = 4  # MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one
 
 
+@dataclass
+class _Fused:
+    """Linears that share an input as one weight: their rows concatenated (views of it stay in
+    the modules, so nothing is held twice) and where each one's outputs end."""
+
+    weight: mx.array
+    scales: mx.array
+    biases: mx.array
+    bits: int
+    group_size: int
+    ends: List[int]
+
+
 class GpuKernels(MlxOps):
     """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence).
 
-    Quantized linears on CUDA go through MLX's own matmul, at most QMV_ROWS rows a call, so a
-    verify's row is the decode step's row bit for bit (greedy MTP == AR) and a decode step is
-    mlx_lm's. The adapter's row kernel (kernels/cuda_qmm.py, `row_kernel=True`) is row-invariant
-    too but measured slower at the 9B shape on an H200: a decode step 21.0 ms vs 13.2 ms, AR
-    0.82x mlx_lm vs 1.21x (docs/bench/2026-12-01/GPU.md, scripts/gpu_profile.py)."""
+    On CUDA every quantized linear of 1-8 rows goes through the row kernel (kernels/cuda_qmm.py):
+    one launch reads the weights once for all rows, and a row's result does not depend on how
+    many rows travel with it, so a verify row is the decode step's row bit for bit (greedy MTP
+    == AR) and a verify costs about one decode step in weight reads. Linears that share an input
+    (a Gated-DeltaNet layer's four input projections, gate and up, q/k/v) run as one product,
+    and the residual after out_proj, o_proj and down_proj is added inside it: fewer launches.
+    Wider inputs (a batch) go through it 8 rows at a time. `row_kernel=False` keeps MLX's own
+    matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu_profile.py compares)."""
 
-    def __init__(self, backend: str, row_kernel: bool = False):
+    def __init__(self, backend: str, row_kernel: bool = True):
         super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
         self.row_kernel = row_kernel and backend == "cuda"
+        self._fused: Dict[tuple, Optional[_Fused]] = {}
+        self._lock = threading.Lock()
 
     def linear(self, m, x):
         return self._rows(m, x, m)
+
+    def linear_add(self, m, x, residual):
+        if self.row_kernel and residual is not None and _kernel_fits(m, x):
+            return _kernel_rows(x, m["weight"], m["scales"], m["biases"], m.bits, m.group_size, residual)
+        return super().linear_add(m, x, residual)
+
+    def linears(self, modules, x):
+        fused = self._fuse(tuple(modules)) if self.row_kernel and len(modules) > 1 else None
+        if fused is None or not cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype,
+                                                      fused.weight.shape, fused.scales.dtype, fused.bits,
+                                                      fused.group_size):
+            return super().linears(modules, x)
+        y = _kernel_rows(x, fused.weight, fused.scales, fused.biases, fused.bits, fused.group_size)
+        return mx.split(y, fused.ends[:-1], axis=-1)
 
     def lm_head(self, module, tied: bool, x):
         return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
 
     def _rows(self, module, x, plain):
-        if self.row_kernel:
-            y = cuda_qmm.linear_rows(module, x)
-            if y is not None:
-                return y
-        rows = x.size // x.shape[-1]
+        if self.row_kernel and _kernel_fits(module, x):
+            return _kernel_rows(x, module["weight"], module["scales"], module["biases"], module.bits, module.group_size)
+        rows = _rows_of(x)
         if self.backend != "cuda" or rows <= QMV_ROWS:
             return plain(x)
         flat = x.reshape(rows, x.shape[-1])
         y = mx.concatenate([plain(flat[i:i + QMV_ROWS]) for i in range(0, rows, QMV_ROWS)])
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _fuse(self, modules) -> Optional[_Fused]:
+        key = tuple(id(m) for m in modules)
+        if key in self._fused:
+            return self._fused[key]
+        with self._lock:
+            if key not in self._fused:
+                self._fused[key] = _fuse(modules)
+        return self._fused[key]
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         B = q.shape[0]
@@ -355,6 +406,59 @@ class GpuKernels(MlxOps):
                     [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
 
+
+MAX_ROWS = cuda_qmm.MAX_ROWS
+
+
+def _rows_of(x: mx.array) -> int:
+    return x.size // x.shape[-1]
+
+
+def _kernel_fits(m, x) -> bool:
+    """Whether the row kernel serves module m for x (of any row count: wider goes 8 at a time)."""
+    if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in m or m.get("biases") is None:
+        return False
+    return cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype, m["weight"].shape,
+                                  m["scales"].dtype, m.bits, m.group_size, m.mode)
+
+
+def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None):
+    """The row kernel on x [..., K], 8 rows a launch where there are more (each row as alone)."""
+    rows = _rows_of(x)
+    if rows <= MAX_ROWS:
+        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual)
+    K, N = x.shape[-1], w.shape[0]
+    flat = x.reshape(rows, K)
+    res = None if residual is None else residual.reshape(rows, N)
+    y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + MAX_ROWS], w, scales, biases, bits, group_size,
+                                                       None if res is None else res[i:i + MAX_ROWS])
+                        for i in range(0, rows, MAX_ROWS)])
+    return y.reshape(*x.shape[:-1], N)
+
+
+def _fuse(modules) -> Optional[_Fused]:
+    """One weight for quantized linears of one input size and one quantization, or None.
+
+    The modules keep views of the joined arrays (row slices share its memory), so mlx-lm's
+    model computes what it computed and nothing is held twice."""
+    first = modules[0]
+    same = all(isinstance(m, nn.QuantizedLinear) and "bias" not in m and m.get("biases") is not None
+               and (m.bits, m.group_size, m.mode) == (first.bits, first.group_size, first.mode)
+               and m["weight"].shape[1] == first["weight"].shape[1] and m["scales"].dtype == first["scales"].dtype
+               for m in modules)
+    if not same:
+        return None
+    joined = {k: mx.concatenate([m[k] for m in modules]) for k in ("weight", "scales", "biases")}
+    mx.eval(joined)
+    ends, at = [], 0
+    for m in modules:
+        n = m["weight"].shape[0]
+        for k, v in joined.items():
+            m[k] = v[at:at + n]
+        at += n
+        ends.append(at)
+    mx.eval([m[k] for m in modules for k in joined])
+    return _Fused(joined["weight"], joined["scales"], joined["biases"], first.bits, first.group_size, ends)
 
 
 def row_invariant_sdpa(sdpa, q, k, v, scale, mask, cache):

@@ -98,8 +98,8 @@ class AttnParams:
 def separate_projections(ops, p: GdnParams, x: mx.array):
     """Qwen3.5: four projections, q|k|v already laid out as the conv expects them."""
     at = p.attn
-    return (ops.linear(at.in_proj_qkv, x), ops.linear(at.in_proj_z, x).reshape(*x.shape[:-1], p.Hv, p.Dv),
-            ops.linear(at.in_proj_b, x), ops.linear(at.in_proj_a, x))
+    qkv, z, b, a = ops.linears((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a), x)
+    return qkv, z.reshape(*x.shape[:-1], p.Hv, p.Dv), b, a
 
 
 def fused_projections(ops, p: GdnParams, x: mx.array):
@@ -107,8 +107,8 @@ def fused_projections(ops, p: GdnParams, x: mx.array):
     at = p.attn
     lead = x.shape[:-1]
     nk, dn, nv, dv = p.Hk, p.Dk, p.Hv, p.Dv
-    qkvz = ops.linear(at.in_proj_qkvz, x).reshape(*lead, nk, -1)
-    ba = ops.linear(at.in_proj_ba, x).reshape(*lead, nk, -1)
+    qkvz, ba = ops.linears((at.in_proj_qkvz, at.in_proj_ba), x)
+    qkvz, ba = qkvz.reshape(*lead, nk, -1), ba.reshape(*lead, nk, -1)
     q, k, v, z = mx.split(qkvz, [dn, 2 * dn, 2 * dn + nv // nk * dv], axis=-1)
     b, a = mx.split(ba, [nv // nk], axis=-1)
     qkv = mx.concatenate([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], axis=-1)
@@ -116,23 +116,25 @@ def fused_projections(ops, p: GdnParams, x: mx.array):
 
 
 # --------------------------------------------------------------------------- the MLP
-def mlp(ops, p: MlpParams, x: mx.array) -> mx.array:
+def mlp(ops, p: MlpParams, x: mx.array, residual: Optional[mx.array] = None) -> mx.array:
     """SwiGLU MLP, or routed experts: softmax router, top-k, renormalised scores, the chosen
-    experts' SwiGLU, plus a shared expert scaled by its sigmoid gate."""
+    experts' SwiGLU, plus a shared expert scaled by its sigmoid gate; `residual` + that."""
     if p.experts is None:
         m = p.module
-        return ops.linear(m.down_proj, ops.swiglu(ops.linear(m.gate_proj, x), ops.linear(m.up_proj, x)))
+        gate, up = ops.linears((m.gate_proj, m.up_proj), x)
+        return ops.linear_add(m.down_proj, ops.swiglu(gate, up), residual)
     gates = mx.softmax(ops.linear(p.router, x), axis=-1, precise=True)
     inds = mx.argpartition(gates, kth=-p.top_k, axis=-1)[..., -p.top_k:]
     scores = mx.take_along_axis(gates, inds, axis=-1)
     if p.norm_topk:
         scores = scores / scores.sum(axis=-1, keepdims=True)
     y = (p.experts(x, inds) * scores[..., None]).sum(axis=-2)
-    return y + mx.sigmoid(ops.linear(p.shared_gate, x)) * mlp(ops, p.shared, x)
+    y = y + mx.sigmoid(ops.linear(p.shared_gate, x)) * mlp(ops, p.shared, x)
+    return y if residual is None else residual + y
 
 
 def residual_mlp(ops, layer: nn.Module, p: MlpParams, h: mx.array) -> mx.array:
-    return h + mlp(ops, p, ops.norm(layer.post_attention_layernorm, h))
+    return mlp(ops, p, ops.norm(layer.post_attention_layernorm, h), residual=h)
 
 
 # --------------------------------------------------------------------------- Gated-DeltaNet
@@ -156,7 +158,7 @@ def gdn_layer(ops, p: GdnParams, x: mx.array, conv_state: mx.array, state: mx.ar
     q, k = ops.qk_norm(q.reshape(*lead, p.Hk, p.Dk), k.reshape(*lead, p.Hk, p.Dk), p.Dk)
     beta, g = mx.sigmoid(b), ops.decay(p, a)
     y, states = ops.recurrence(q, k, v.reshape(*lead, p.Hv, p.Dv), g, beta, state, mask, capture)
-    h = x + ops.linear(at.out_proj, ops.gated_norm(at.norm, y, z).reshape(*lead, -1))
+    h = ops.linear_add(at.out_proj, ops.gated_norm(at.norm, y, z).reshape(*lead, -1), x)
     return residual_mlp(ops, p.layer, p.mlp, h), conv_input, states
 
 
@@ -168,8 +170,8 @@ def attention_in(ops, p: AttnParams, x: mx.array, pos) -> Tuple[mx.array, mx.arr
     at = p.attn
     lead = x.shape[:-1]
     xn = ops.norm(p.layer.input_layernorm, x)
-    q, gate = mx.split(ops.linear(at.q_proj, xn).reshape(*lead, p.nh, -1), 2, axis=-1)
-    k, v = ops.linear(at.k_proj, xn), ops.linear(at.v_proj, xn)
+    q, k, v = ops.linears((at.q_proj, at.k_proj, at.v_proj), xn)
+    q, gate = mx.split(q.reshape(*lead, p.nh, -1), 2, axis=-1)
     q = _heads(ops.norm(at.q_norm, q))
     k = _heads(ops.norm(at.k_norm, k.reshape(*lead, p.nkv, -1)))
     v = _heads(v.reshape(*lead, p.nkv, -1))
@@ -185,7 +187,7 @@ def attention_out(ops, p: AttnParams, x: mx.array, o: mx.array, gate: mx.array,
                   final_norm: Optional[nn.Module] = None) -> mx.array:
     """Gated output projection, residual, MLP; then `final_norm` if given (the head ends in one)."""
     o = o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1)
-    h = residual_mlp(ops, p.layer, p.mlp, x + ops.linear(p.attn.o_proj, o * mx.sigmoid(gate)))
+    h = residual_mlp(ops, p.layer, p.mlp, ops.linear_add(p.attn.o_proj, o * mx.sigmoid(gate), x))
     return h if final_norm is None else ops.norm(final_norm, h)
 
 
