@@ -8,8 +8,10 @@ shape (issue 20); this found the row kernel slower than MLX's own matmul for a d
 Each variant replaces the few runner (`adapter.backend.few`), so prefill, sampling and the lanes
 stay the same:
 
-    default   as loaded (cuda-kernels: the row kernel for quantized linears of 1-8 rows, joined
-              projections and fused residuals, the one-launch recurrence kernel)
+    default   as loaded (cuda-kernels: each layer's few-token forward compiled, the row kernel for
+              quantized linears of 1-8 rows, joined projections and fused residuals, the
+              one-launch recurrence kernel)
+    eager     the same, not compiled (each op built from Python)
     mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
               default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
@@ -83,7 +85,8 @@ def variants(loaded, ad):
     rope = next(l.self_attn.rope for l in ad.inner.layers if not l.is_linear)
     no_gdn = backends.GpuKernels(kind)
     no_gdn.recurrence = lambda *a: backends.MlxOps.recurrence(no_gdn, *a)
-    return {"default": loaded, "mlx-qmv": backends.GpuKernels(kind, row_kernel=False), "no-gdn": no_gdn,
+    return {"default": loaded, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
+            "no-gdn": no_gdn,
             "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
@@ -114,7 +117,7 @@ def graph_sizes(ad, ids, widths=(1, 2, 3, 4, 5), repeats: int = 5) -> dict:
             state = ad.state_arrays(cache, None)
             builds.append(time.perf_counter() - t0)
             if r == 0:
-                mx.export_to_dot(str(dot), logits, *state)
+                mx.export_to_dot(str(dot), logits)
                 count = dot.read_text().count("shape=rectangle")
             mx.eval(logits, state)
         out[str(w)] = {"primitives": count, "build_ms": statistics.median(builds) * 1e3}

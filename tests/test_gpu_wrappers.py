@@ -405,3 +405,52 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
     monkeypatch.setattr(backends, "_checked_once", set())
     cached = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)   # nothing new compiled
     assert cached.note.startswith("cuda kernels checked in ")
+
+
+def _row_by_row_kernel(calls: list):
+    """The row kernel's contract on the CPU: each row computed alone (MLX's quantized matmul one
+    row at a time), the residual added to the rounded product; notes (rows, N) per launch."""
+    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None):
+        K = x.shape[-1]
+        flat = x.reshape(-1, K)
+        calls.append((flat.shape[0], w.shape[0]))
+        y = mx.concatenate([mx.quantized_matmul(flat[i:i + 1], w, scales, biases, transpose=True,
+                                                group_size=group_size, bits=bits) for i in range(flat.shape[0])])
+        y = y.reshape(*x.shape[:-1], w.shape[0])
+        return y if residual is None else residual + y
+    return stand_in
+
+
+# A bf16 4-bit checkpoint whose every linear fits the row kernel (K whole chunks, joined N whole tiles).
+_KERNEL_SHAPED = dict(hidden_size=128, intermediate_size=256, num_heads=4, head_dim=32, num_kv_heads=2,
+                      linear_num_value_heads=8, linear_num_key_heads=2, linear_key_head_dim=32,
+                      linear_value_head_dim=16, dtype="bfloat16", bits=4, group_size=32)
+
+
+@pytest.mark.parametrize("runner", ["layers compiled", "eager"])
+def test_the_cuda_runner_with_stand_in_kernels_keeps_greedy_mtp_equal_to_ar(tiny_checkpoint, monkeypatch, runner):
+    """The CUDA few runner end to end on the CPU with stand-ins that keep each kernel's contract:
+    every linear through the row kernel (joined projections included), the recurrence through
+    its kernel, each layer compiled or not; greedy MTP == AR at depths 1-3, and the compiled
+    runner decodes what the eager one decodes."""
+    ad = load_adapter(tiny_checkpoint(**_KERNEL_SHAPED), compute_dtype="native")
+    calls, widths = [], []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel(calls))
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel(widths, lambda q: q.shape[1]))
+    ids = [5, 9, 13, 21, 34, 55]
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    ad.backend = backends.Backend("stand-in", backends.GpuKernels("cuda"), backends.MlxOps())
+    eager, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
+    joined = {n for _, n in calls}
+    # one product each: Gated-DeltaNet's four input projections (256 + 128 + 8 + 8), q|k|v (256 + 64 + 64),
+    # gate|up (2 x 256); out_proj / o_proj / down (128) with their residuals
+    assert {400, 384, 512, 128} <= joined
+    few = backends.CompiledGpuKernels("cuda") if runner == "layers compiled" else backends.GpuKernels("cuda")
+    ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
+    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=24)
+    assert ar == eager
+    for depth in (1, 2, 3):
+        mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=24)
+        assert mtp == ar, depth
+    if runner == "layers compiled":
+        assert len(few._compiled) >= 4  # every layer's functions were traced

@@ -113,8 +113,9 @@ QMM_SOURCE = r"""
   constexpr int KSTEPS = VPT / 4;   // mma k-steps in a chunk
   constexpr int CHUNK = 4 * VPT;    // k per warp chunk (the 4 lanes of a quad side by side)
   constexpr int XV = VPT / 8;       // uint4 loads of x per lane and chunk
-  const int M = x_shape[0];
-  const int K = x_shape[1];
+  const int K = x_shape[x_ndim - 1];  // x [..., K]: every leading axis is rows
+  int M = 1;
+  for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
   const int N = w_shape[0];
   const int W = blockDim.x >> 5;    // warps splitting K; fixed per shape, never per M
   const int lane = threadIdx.x & 31;
@@ -296,22 +297,22 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
 
     The caller checks qmm_supported first (gpu_decode does). `config` overrides qmm_config
     (benchmarks only: a row's bits depend on it)."""
-    K = x.shape[-1]
+    # No reshapes around the launch: every primitive costs the host time in a decode step.
     N = w.shape[0]
-    x2 = x.reshape(-1, K)
-    tiles, warps = config or qmm_config(N, K, bits)
-    inputs = [x2, w, scales, biases]
-    if residual is not None:
-        inputs.append(residual.reshape(-1, N))
+    template, grid, block = _launch(x.dtype, bits, group_size, N, x.shape[-1], config)
     (y,) = _qmm_kernel(residual is not None)(
-        inputs=inputs,
-        template=[("T", x.dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL)],
-        grid=(N // (16 * tiles) * warps * 32, 1, 1),
-        threadgroup=(warps * 32, 1, 1),
-        output_shapes=[(x2.shape[0], N)],
-        output_dtypes=[x.dtype],
+        inputs=[x, w, scales, biases] if residual is None else [x, w, scales, biases, residual],
+        template=template, grid=grid, threadgroup=block,
+        output_shapes=[(*x.shape[:-1], N)], output_dtypes=[x.dtype],
     )
-    return y.reshape(*x.shape[:-1], N)
+    return y
+
+
+@lru_cache(maxsize=None)
+def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[Tuple[int, int]]):
+    tiles, warps = config or qmm_config(N, K, bits)
+    template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL)]
+    return template, (N // (16 * tiles) * warps * 32, 1, 1), (warps * 32, 1, 1)
 
 
 def linear_rows(module, x: mx.array, residual: Optional[mx.array] = None) -> Optional[mx.array]:

@@ -354,6 +354,8 @@ class GpuKernels(MlxOps):
         self._fused: Dict[tuple, Optional[_Fused]] = {}
         self._lock = threading.Lock()
 
+    compiled_layers = False
+
     def linear(self, m, x):
         return self._rows(m, x, m)
 
@@ -405,6 +407,67 @@ class GpuKernels(MlxOps):
             return (mx.concatenate([y for y, _ in runs]),
                     [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
+
+
+class CompiledGpuKernels(GpuKernels):
+    """GpuKernels with each layer's few-token forward one compiled function (mx.compile).
+
+    Why: on MLX CUDA a 9B decode step was host-bound. Building its graph op by op from Python
+    took 7.4 ms of a 10.3 ms forward (docs/bench/2026-12-02/gpu-profile-9b-rowkernel-v1.json);
+    a compiled layer is one call that replays its recorded graph, and MLX fuses the elementwise
+    ops between the kernels. The same functions serve every width (each traced per shape), and
+    elementwise fusion computes each element as before, so a verify row is still the decode
+    step's row. A layer's first call runs eagerly: it joins the layer's weights (_fuse), which
+    cannot happen inside a trace. The KV cache update and the attention stay outside, as in
+    the CPU's compiled runner."""
+
+    compiled_layers = True
+
+    def __init__(self, backend: str, row_kernel: bool = True):
+        super().__init__(backend, row_kernel)
+        self._compiled: Dict[tuple, Callable] = {}
+
+    def _fn(self, key, make):
+        fn = self._compiled.get(key)
+        if fn is None:
+            self._compiled[key] = mx.compile(make())
+            return make()  # this first call eagerly (see the class's note)
+        return fn
+
+    def positions(self, offset, S: int):
+        # An array, not an int: a Python offset would be traced as a constant (one trace a position).
+        return mx.array(offset, dtype=mx.int32)
+
+    def gdn(self, p: GdnParams, h, conv_state, state, capture: bool, mask):
+        if mask is not None:
+            return super().gdn(p, h, conv_state, state, capture, mask)
+
+        def make():
+            def step(x, conv_state, state):
+                x, conv_input, states = layers.gdn_layer(self, p, x, conv_state, state, capture=capture)
+                return (x, conv_input, *states) if capture else (x, conv_input, states[-1])
+            return step
+
+        out = self._fn((id(p), "gdn", capture), make)(h, conv_state, state)
+        keep = mx.contiguous(out[1][:, -(p.K - 1):])
+        return out[0], keep, list(out[2:]), (out[1] if capture else None)
+
+    def attention_in(self, p: AttnParams, x, pos):
+        if pos.ndim:  # a batch at per-row positions (run_trunk_batch): RoPE may read them on the host
+            return super().attention_in(p, x, pos)
+        return self._fn((id(p), "in"), lambda: lambda x, pos: layers.attention_in(self, p, x, pos))(x, pos)
+
+    def attention_out(self, p: AttnParams, x, o, gate, final_norm=None):
+        fn = self._fn((id(p), "out", id(final_norm)),
+                      lambda: lambda x, o, gate: layers.attention_out(self, p, x, o, gate, final_norm))
+        return fn(x, o, gate)
+
+    def final_norm(self, norm, h):
+        return self._fn((id(norm), "norm"), lambda: lambda h: norm(h))(h)
+
+    def head_input(self, head, hidden, embedding):
+        fn = self._fn((id(head), "head"), lambda: lambda h, e: layers.head_input(self, head, h, e))
+        return fn(hidden, embedding)
 
 
 MAX_ROWS = cuda_qmm.MAX_ROWS
@@ -547,7 +610,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     if kb is not None:
         why, said = _checked(kb)
         if why is None:
-            return Backend(f"{kb}-kernels", GpuKernels(kb), MlxOps(), note=said)
+            few = CompiledGpuKernels(kb) if compiled and kb == "cuda" else GpuKernels(kb)
+            return Backend(f"{kb}-kernels", few, MlxOps(), note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
     on_gpu = device == mx.gpu  # MLX's GPU attention over several queries is not row-invariant
