@@ -8,6 +8,10 @@
 #          prompts, through the prefix cache, a sampled chi-square, the verify's cost with the
 #          row-invariant attention on and off at 64 / 2k / 8k / 32k tokens of context
 #   exact_demo  the same on the bundled demo model (trained weights: drafts are accepted)
+#   qmv    scripts/gpu_qmv.py: the row kernel against MLX's qmv per 9B shape (fused ones too), 1-8 rows:
+#          checks (bf16/fp16, 4/8-bit, groups 32/64/128, rows bit-identical) and time per call in a graph
+#   profile  scripts/gpu_profile.py --only default eager mlx-qmv: a decode step's forward of 1-5 positions,
+#          its primitives and host build time, AR / MTP / mlx_lm paired, greedy MTP == AR
 #   check  scripts/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
 #   d1 d2 d3  scripts/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
@@ -34,7 +38,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* ]]; then
   $PY scripts/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -45,6 +49,9 @@ for stage in $STAGES; do
              --context 64 --context 2048 --context 8192 --context 32768 ;;
     exact_demo) run $PY scripts/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
     check) run $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
+    qmv) run $PY scripts/gpu_qmv.py --sweep --json "$OUT/qmv.json" ;;
+    profile) run $PY scripts/gpu_profile.py --model "$CKPT" --only default eager mlx-qmv --repeats 2 \
+               --json "$OUT/profile.json" 2>&1 | grep -v "regex pattern" ;;
     d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;
     base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;
     demo) bench --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 \
