@@ -120,19 +120,25 @@ def sampled(ad, fails: list, samples: int, budget: float) -> dict:
     return {"runs_per_lane": n, "outcomes": len(keys), "chi2_p": p, "ok": p > 0.001}
 
 
+def forward_and_commit(ad, cache, tokens, width: int):
+    """A forward of `width` positions and the commit of one (as calibrate.py times a verify),
+    not yet evaluated: (logits, the cache's state arrays)."""
+    logits, _, cap = ad.forward(tokens[:, :width], cache, capture=width > 1)
+    if cap is not None:
+        ad.rollback(cache, cap, keep=1)
+    return logits, ad.state_arrays(cache, None)
+
+
 def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
-    """Median seconds of a synchronised forward of each width over `tokens` (plus the commit of
-    one position, as calibrate.py times a verify), the first two runs of each left out."""
+    """Median seconds of a synchronised forward_and_commit of each width over `tokens`, the
+    first two runs of each left out."""
     secs = {}
     for w in widths:
         runs = []
         for _ in range(repeats):
             mx.synchronize()
             t0 = time.perf_counter()
-            logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
-            if cap is not None:
-                ad.rollback(cache, cap, keep=1)
-            mx.eval(logits, ad.state_arrays(cache, None))
+            mx.eval(*forward_and_commit(ad, cache, tokens, w))
             runs.append(time.perf_counter() - t0)
         secs[w] = statistics.median(runs[2:])
     return secs

@@ -45,7 +45,7 @@ from adapters.kernels import cuda_qmm  # noqa: E402
 from adapters.qwen3_5 import backends  # noqa: E402
 from core import AutoregressiveDecoder, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.stream import prefill  # noqa: E402
-from scripts.gpu_exact import forward_seconds  # noqa: E402
+from scripts.gpu_exact import forward_and_commit, forward_seconds  # noqa: E402
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
@@ -91,37 +91,30 @@ def variants(loaded, ad):
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
 
-def step_costs(ad, ids) -> dict:
-    cache = ad.make_cache()
-    prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, ad.make_draft(cache), None)
-    secs = forward_seconds(ad, cache, mx.array([ids[-8:]], dtype=mx.int32), widths=(1, 2, 3, 4, 5))
-    return {str(w): s * 1e3 for w, s in secs.items()}
-
-
-def graph_sizes(ad, ids, widths=(1, 2, 3, 4, 5), repeats: int = 5) -> dict:
-    """Per forward width: the primitives of its graph (mx.export_to_dot's rectangles, the
-    commit's included) and the host's time to build that graph (median), before evaluation."""
+def step_costs(ad, ids) -> tuple:
+    """Synchronised forwards of 1-5 positions (ms), then per width the primitives of its graph
+    (mx.export_to_dot's rectangles) and the host's time to build it (median of 5), all on one
+    prefilled cache."""
     cache = ad.make_cache()
     prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, ad.make_draft(cache), None)
     tokens = mx.array([ids[-8:]], dtype=mx.int32)
+    widths = (1, 2, 3, 4, 5)
+    secs = forward_seconds(ad, cache, tokens, widths=widths)
     dot = Path("/tmp/mtp_chat_step.dot")
-    out = {}
+    sizes = {}
     for w in widths:
         builds, count = [], 0
-        for r in range(repeats):
+        for r in range(5):
             mx.synchronize()
             t0 = time.perf_counter()
-            logits, _, cap = ad.forward(tokens[:, :w], cache, capture=w > 1)
-            if cap is not None:
-                ad.rollback(cache, cap, keep=1)
-            state = ad.state_arrays(cache, None)
+            logits, state = forward_and_commit(ad, cache, tokens, w)
             builds.append(time.perf_counter() - t0)
             if r == 0:
                 mx.export_to_dot(str(dot), logits)
                 count = dot.read_text().count("shape=rectangle")
             mx.eval(logits, state)
-        out[str(w)] = {"primitives": count, "build_ms": statistics.median(builds) * 1e3}
-    return out
+        sizes[str(w)] = {"primitives": count, "build_ms": statistics.median(builds) * 1e3}
+    return {str(w): s * 1e3 for w, s in secs.items()}, sizes
 
 
 def lane(decoder, ids, tokens):
@@ -160,8 +153,7 @@ def main(argv=None) -> int:
             lane(AutoregressiveDecoder(ad, sampler=GREEDY), ids, 16)  # warm-up: compiles this variant's kernels
             lane(SpeculativeDecoder(ad, sampler=GREEDY, depth=2), ids, 16)
             mlx_lm_tok_s(ad, ids, 16)
-            costs = step_costs(ad, ids)
-            sizes = graph_sizes(ad, ids)
+            costs, sizes = step_costs(ad, ids)
             ar, mtp, ref = [], [], []
             for _ in range(a.repeats):
                 ar_ids, s = lane(AutoregressiveDecoder(ad, sampler=GREEDY), ids, a.tokens)
