@@ -15,6 +15,8 @@ stay the same:
     mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
               default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
+    batched-attn  eager, with MLX's attention over a verify's queries at once instead of row by
+              row (not row-invariant: a probe of what the exact attention costs)
     mlx       MLX's own ops (what the backend falls back to; row-invariant attention kept)
     compiled  each layer one compiled function (backends.CpuCompiled's, fewer launches), MLX's
               quantized matmul, row-invariant attention
@@ -85,8 +87,10 @@ def variants(loaded, ad):
     rope = next(l.self_attn.rope for l in ad.inner.layers if not l.is_linear)
     no_gdn = backends.GpuKernels(kind)
     no_gdn.recurrence = lambda *a: backends.MlxOps.recurrence(no_gdn, *a)
+    batched_attn = backends.GpuKernels(kind)
+    batched_attn.row_invariant = False  # MLX's attention over all queries at once (not exact)
     return {"default": loaded, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
-            "no-gdn": no_gdn,
+            "no-gdn": no_gdn, "batched-attn": batched_attn,
             "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 
