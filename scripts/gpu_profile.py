@@ -12,6 +12,8 @@ stay the same:
               quantized linears of 1-8 rows, joined projections and fused residuals, the
               one-launch recurrence kernel)
     eager     the same, not compiled (each op built from Python)
+    fused-gdn  the default with each Gated-DeltaNet layer's middle as one launch (kernels/gdn_fused.py;
+              check it first with scripts/gpu_fused_gdn.py)
     mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
               default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
@@ -90,7 +92,7 @@ def variants(loaded, ad):
     batched_attn = backends.GpuKernels(kind)
     batched_attn.row_invariant = False  # MLX's attention over all queries at once (not exact)
     return {"default": loaded, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
-            "no-gdn": no_gdn, "batched-attn": batched_attn,
+            "no-gdn": no_gdn, "batched-attn": batched_attn, "fused-gdn": backends.CompiledGpuKernels(kind, fused_gdn=True),
             "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 

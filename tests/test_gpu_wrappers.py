@@ -453,3 +453,71 @@ def test_the_cuda_runner_with_stand_in_kernels_keeps_greedy_mtp_equal_to_ar(tiny
         mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=20)
         assert mtp == ar, depth
     assert len(few._compiled) >= 4  # every layer's functions were traced
+
+
+def test_the_fused_gated_deltanet_middle_is_wired_as_its_reference(tiny_checkpoint, monkeypatch):
+    """kernels/gdn_fused.py's launch, with its reference (the same computation as MLX ops) for
+    the kernel: fed from the joined projection at the right offsets, its states and conv window
+    roll back as the ops path's do (greedy MTP == AR at depths 1-3, compiled)."""
+    from adapters.kernels import gdn_fused
+
+    ad = load_adapter(tiny_checkpoint(**_KERNEL_SHAPED), compute_dtype="native")
+    calls, launches = [], []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel(calls))
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel([], lambda q: q.shape[1]))
+
+    def stand_in(proj, *args):
+        launches.append(proj.shape)
+        return gdn_fused.reference(proj, *args)
+
+    monkeypatch.setattr(gdn_fused, "gdn_fused", stand_in)
+    ids = [5, 9, 13, 21, 34, 55]
+    ad.backend = backends.Backend("stand-in", backends.GpuKernels("cuda"), backends.MlxOps())
+    cache = ad.make_cache()
+    ad.forward(mx.array([ids[:-1]]), cache)
+    plain, _, _ = ad.forward(mx.array([ids[-1:]]), cache)
+    assert launches == []
+    few = backends.CompiledGpuKernels("cuda", fused_gdn=True)
+    ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
+    cache = ad.make_cache()
+    ad.forward(mx.array([ids[:-1]]), cache)
+    fused, _, _ = ad.forward(mx.array([ids[-1:]]), cache)
+    # both Gated-DeltaNet layers, from the joined projection (the 5-token prompt is a few-token forward too)
+    assert launches == [(1, 5, 400)] * 2 + [(1, 1, 400)] * 2
+    assert fused.shape == plain.shape
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=16)
+    for depth in (1, 2, 3):
+        assert SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=16)[0] == ar, depth
+    assert 4 in {shape[1] for shape in launches}  # a depth-3 verify went through it whole
+
+
+def test_the_fused_middles_reference_is_the_ops_path_to_rounding(tiny_checkpoint):
+    """What the GPU check holds the kernel to (gdn_fused.reference) computes a Gated-DeltaNet
+    layer's middle as mlx-lm's ops do, to bf16 rounding: output, conv window and every state."""
+    from adapters.kernels import gdn_fused
+    from adapters.qwen3_5 import layers
+
+    ad = load_adapter(tiny_checkpoint(**_KERNEL_SHAPED), compute_dtype="native")
+    p = next(layer for layer in ad.stack.layers if isinstance(layer, layers.GdnParams))
+    at, ops, T = p.attn, backends.MlxOps(), 3
+    keys = mx.random.split(mx.random.key(2), 3)
+    xn = mx.random.normal((1, T, 128), key=keys[0]).astype(BF)
+    conv_state = (mx.random.normal((1, p.K - 1, p.conv_dim), key=keys[1]) * 0.5).astype(BF)
+    state = mx.random.normal((1, p.Hv, p.Dv, p.Dk), key=keys[2]) * 0.1
+    qkv, z, b, a = layers.separate_projections(ops, p, xn)
+    conv_input = mx.concatenate([conv_state, qkv], axis=-2)
+    q, k, v = mx.split(nn.silu(ops.conv(p, conv_input, T)), [p.key_dim, 2 * p.key_dim], axis=-1)
+    q, k = ops.qk_norm(q.reshape(1, T, p.Hk, p.Dk), k.reshape(1, T, p.Hk, p.Dk), p.Dk)
+    y, states = ops.recurrence(q, k, v.reshape(1, T, p.Hv, p.Dv), ops.decay(p, a), mx.sigmoid(b), state, None, True)
+    out = ops.gated_norm(at.norm, y, z).reshape(1, T, -1)
+    C, vd = p.conv_dim, p.Hv * p.Dv
+    got, got_input, got_states = gdn_fused.reference(
+        mx.concatenate([qkv, z.reshape(1, T, -1), b, a], axis=-1), (C, C + vd, C + vd + p.Hv), conv_state,
+        at.conv1d.weight.reshape(C, p.K), p.neg_A, at.dt_bias, at.norm.weight, gdn_fused.consts(p.Dk, at.norm.eps),
+        state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
+    assert bool(mx.array_equal(got_input, conv_input))
+    f32 = mx.float32
+    assert float(mx.abs(got.astype(f32) - out.astype(f32)).max()) <= 0.02 * float(mx.abs(out.astype(f32)).max())
+    for mine, theirs in zip(got_states, states):
+        assert float(mx.abs(mine - theirs).max()) <= 0.02 * float(mx.abs(theirs).max())

@@ -45,7 +45,7 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask, scaled_do
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 
 from .. import kernel_cache, kernels
-from ..kernels import cpu_attention, cuda_qmm, gdn
+from ..kernels import cpu_attention, cuda_qmm, gdn, gdn_fused
 from . import layers
 from .layers import AttnParams, GdnParams, _const
 
@@ -102,6 +102,11 @@ class MlxOps:
 
     def gated_norm(self, m, y, z):
         return m(y, z)
+
+    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
+        """A Gated-DeltaNet layer from its normed input to out_proj's input in one launch:
+        (output, conv_input, states), or None where the backend has no such kernel."""
+        return None
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         kernel = _metal_kernel_fits(k)
@@ -347,11 +352,14 @@ class GpuKernels(MlxOps):
     Wider inputs (a batch) go through it 8 rows at a time. `row_kernel=False` keeps MLX's own
     matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu_profile.py compares)."""
 
-    def __init__(self, backend: str, row_kernel: bool = True):
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False):
         super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
         self.row_kernel = row_kernel and backend == "cuda"
+        # kernels/gdn_fused.py: off until measured on a GPU (scripts/gpu_fused_gdn.py checks it)
+        self.fused_gdn = fused_gdn and self.row_kernel
         self._fused: Dict[tuple, Optional[_Fused]] = {}
+        self._gdn_inputs: Dict[int, tuple] = {}
         self._lock = threading.Lock()
 
     compiled_layers = False
@@ -375,6 +383,26 @@ class GpuKernels(MlxOps):
 
     def lm_head(self, module, tied: bool, x):
         return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
+
+    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
+        if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections \
+                or xn.ndim != 3 or xn.shape[0] != 1:
+            return None
+        at = p.attn
+        joined = self._fuse((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a))
+        if joined is None or not gdn_fused.supported(xn.shape[1], p.Hk, p.Hv, p.Dk, p.Dv, p.K, state.dtype, xn.dtype) \
+                or not cuda_qmm.qmm_supported((1, xn.shape[-1]), xn.dtype, joined.weight.shape, joined.scales.dtype,
+                                              joined.bits, joined.group_size):
+            return None
+        if id(p) not in self._gdn_inputs:  # made on the layer's first (eager) call, never inside a trace
+            conv_w = at.conv1d.weight.reshape(p.conv_dim, p.K)
+            cst = gdn_fused.consts(p.Dk, at.norm.eps)
+            mx.eval(conv_w, cst)
+            self._gdn_inputs[id(p)] = (conv_w, cst)
+        conv_w, cst = self._gdn_inputs[id(p)]
+        proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return gdn_fused.gdn_fused(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, at.dt_bias,
+                                   at.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
 
     def _rows(self, module, x, plain):
         if self.row_kernel and _kernel_fits(module, x):
@@ -423,8 +451,8 @@ class CompiledGpuKernels(GpuKernels):
 
     compiled_layers = True
 
-    def __init__(self, backend: str, row_kernel: bool = True):
-        super().__init__(backend, row_kernel)
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False):
+        super().__init__(backend, row_kernel, fused_gdn)
         self._compiled: Dict[tuple, Callable] = {}
 
     def _fn(self, key, make):

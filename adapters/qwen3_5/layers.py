@@ -149,16 +149,22 @@ def gdn_layer(ops, p: GdnParams, x: mx.array, conv_state: mx.array, state: mx.ar
     a partial acceptance commit without replaying tokens."""
     at = p.attn
     lead, S = x.shape[:-1], x.shape[-2]
-    qkv, z, b, a = p.project(ops, p, ops.norm(p.layer.input_layernorm, x))
-    if mask is not None:
-        qkv = mx.where(mask[..., None], qkv, 0)
-    conv_input = mx.concatenate([conv_state, qkv], axis=-2)
-    conv = nn.silu(ops.conv(p, conv_input, S))
-    q, k, v = mx.split(conv, [p.key_dim, 2 * p.key_dim], axis=-1)
-    q, k = ops.qk_norm(q.reshape(*lead, p.Hk, p.Dk), k.reshape(*lead, p.Hk, p.Dk), p.Dk)
-    beta, g = mx.sigmoid(b), ops.decay(p, a)
-    y, states = ops.recurrence(q, k, v.reshape(*lead, p.Hv, p.Dv), g, beta, state, mask, capture)
-    h = ops.linear_add(at.out_proj, ops.gated_norm(at.norm, y, z).reshape(*lead, -1), x)
+    xn = ops.norm(p.layer.input_layernorm, x)
+    fused = ops.gdn_middle(p, xn, conv_state, state, mask)  # a backend's one-launch middle, or None
+    if fused is not None:
+        o, conv_input, states = fused
+    else:
+        qkv, z, b, a = p.project(ops, p, xn)
+        if mask is not None:
+            qkv = mx.where(mask[..., None], qkv, 0)
+        conv_input = mx.concatenate([conv_state, qkv], axis=-2)
+        conv = nn.silu(ops.conv(p, conv_input, S))
+        q, k, v = mx.split(conv, [p.key_dim, 2 * p.key_dim], axis=-1)
+        q, k = ops.qk_norm(q.reshape(*lead, p.Hk, p.Dk), k.reshape(*lead, p.Hk, p.Dk), p.Dk)
+        beta, g = mx.sigmoid(b), ops.decay(p, a)
+        y, states = ops.recurrence(q, k, v.reshape(*lead, p.Hv, p.Dv), g, beta, state, mask, capture)
+        o = ops.gated_norm(at.norm, y, z).reshape(*lead, -1)
+    h = ops.linear_add(at.out_proj, o, x)
     return residual_mlp(ops, p.layer, p.mlp, h), conv_input, states
 
 
