@@ -14,6 +14,8 @@
 #          its primitives and host build time, AR / MTP / mlx_lm paired, greedy MTP == AR
 #   fused_gdn  scripts/gpu_fused_gdn.py: the one-launch Gated-DeltaNet middle against its reference,
 #          positions together == one at a time, its time vs the ops path; then the profile's fused-gdn variant
+#   attention  scripts/gpu_attention.py: the few-row attention kernel against its reference at 64 / 2k / 8k / 32k
+#          keys, rows together == alone; then the profile's all-kernels variant
 #   check  scripts/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
 #   d1 d2 d3  scripts/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
@@ -40,7 +42,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* ]]; then
   $PY scripts/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -52,6 +54,9 @@ for stage in $STAGES; do
     exact_demo) run $PY scripts/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
     check) run $PY scripts/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
     qmv) run $PY scripts/gpu_qmv.py --sweep --json "$OUT/qmv.json" ;;
+    attention) run $PY scripts/gpu_attention.py --json "$OUT/attention.json" \
+                 && run $PY scripts/gpu_profile.py --model "$CKPT" --only default all-kernels --repeats 2 \
+                      --json "$OUT/profile_all_kernels.json" 2>&1 | grep -v "regex pattern" ;;
     fused_gdn) run $PY scripts/gpu_fused_gdn.py --model "$CKPT" --json "$OUT/fused_gdn.json" \
                  && run $PY scripts/gpu_profile.py --model "$CKPT" --only default fused-gdn --repeats 2 \
                       --json "$OUT/profile_fused_gdn.json" 2>&1 | grep -v "regex pattern" ;;

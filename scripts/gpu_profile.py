@@ -14,6 +14,8 @@ stay the same:
     eager     the same, not compiled (each op built from Python)
     fused-gdn  the default with each Gated-DeltaNet layer's middle as one launch (kernels/gdn_fused.py;
               check it first with scripts/gpu_fused_gdn.py)
+    all-kernels  fused-gdn plus the few-row attention kernel (kernels/cuda_attention.py; check it
+              first with scripts/gpu_attention.py)
     mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
               default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
@@ -93,6 +95,7 @@ def variants(loaded, ad):
     batched_attn.row_invariant = False  # MLX's attention over all queries at once (not exact)
     return {"default": loaded, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
             "no-gdn": no_gdn, "batched-attn": batched_attn, "fused-gdn": backends.CompiledGpuKernels(kind, fused_gdn=True),
+            "all-kernels": backends.CompiledGpuKernels(kind, fused_gdn=True, fused_attention=True),
             "mlx": backends.MlxOps(row_invariant=True),
             "compiled": Compiled(rope), "compiled-kernels": CompiledKernels(rope, kind)}
 

@@ -521,3 +521,38 @@ def test_the_fused_middles_reference_is_the_ops_path_to_rounding(tiny_checkpoint
     assert float(mx.abs(got.astype(f32) - out.astype(f32)).max()) <= 0.02 * float(mx.abs(out.astype(f32)).max())
     for mine, theirs in zip(got_states, states):
         assert float(mx.abs(mine - theirs).max()) <= 0.02 * float(mx.abs(theirs).max())
+
+
+def test_the_attention_kernel_is_wired_as_its_reference(tiny_checkpoint, monkeypatch):
+    """kernels/cuda_attention.py's launch with its reference (each row one SDPA over its own
+    keys, then the gate) for the kernel: it reads the cache's views and the gate as the ops path
+    does (the same logits bit for bit), and with every GPU kernel on and each layer compiled,
+    greedy MTP == AR at depths 1-3."""
+    from adapters.kernels import cuda_attention, gdn_fused
+
+    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
+    launches = []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel([]))
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel([], lambda q: q.shape[1]))
+    monkeypatch.setattr(gdn_fused, "gdn_fused", gdn_fused.reference)
+
+    def stand_in(q, k, v, gate, scale):
+        launches.append((q.shape[2], k.shape[2]))
+        return cuda_attention.reference(q, k, v, gate, scale)
+
+    monkeypatch.setattr(cuda_attention, "gated_attention", stand_in)
+    ids = [5, 9, 13, 21, 34, 55]
+    logits = {}
+    for name, few in (("ops", backends.GpuKernels("cuda")), ("kernel", backends.GpuKernels("cuda", fused_attention=True))):
+        ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
+        cache = ad.make_cache()
+        ad.forward(mx.array([ids[:-3]]), cache)
+        logits[name], _, _ = ad.forward(mx.array([ids[-3:]]), cache)
+    assert launches == [(3, 3)] * 2 + [(3, 6)] * 2  # both attention layers: the prompt, then 3 rows over 6 keys
+    assert bool(mx.array_equal(logits["kernel"], logits["ops"]))
+    ad.backend = backends.Backend("stand-in", backends.CompiledGpuKernels("cuda", fused_gdn=True, fused_attention=True),
+                                  backends.MlxOps())
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=16)
+    for depth in (1, 2, 3):
+        assert SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=16)[0] == ar, depth

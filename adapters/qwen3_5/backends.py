@@ -45,7 +45,7 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask, scaled_do
 from mlx_lm.models.gated_delta import compute_g, gated_delta_kernel, gated_delta_ops, normalize_qk
 
 from .. import kernel_cache, kernels
-from ..kernels import cpu_attention, cuda_qmm, gdn, gdn_fused
+from ..kernels import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused
 from . import layers
 from .layers import AttnParams, GdnParams, _const
 
@@ -106,6 +106,11 @@ class MlxOps:
     def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         """A Gated-DeltaNet layer from its normed input to out_proj's input in one launch:
         (output, conv_input, states), or None where the backend has no such kernel."""
+        return None
+
+    def attention_gated(self, p: AttnParams, q, k, v, gate, cache):
+        """Attention of q over the cache's keys times sigmoid(gate), laid out for o_proj, from
+        one kernel; None where the backend has none (then sdpa and attention_out's gate)."""
         return None
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
@@ -352,12 +357,15 @@ class GpuKernels(MlxOps):
     Wider inputs (a batch) go through it 8 rows at a time. `row_kernel=False` keeps MLX's own
     matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu_profile.py compares)."""
 
-    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False):
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False,
+                 fused_attention: bool = False):
         super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
         self.row_kernel = row_kernel and backend == "cuda"
-        # kernels/gdn_fused.py: off until measured on a GPU (scripts/gpu_fused_gdn.py checks it)
+        # kernels/gdn_fused.py and kernels/cuda_attention.py: off until measured on a GPU
+        # (scripts/gpu_fused_gdn.py and scripts/gpu_attention.py check them)
         self.fused_gdn = fused_gdn and self.row_kernel
+        self.fused_attention = fused_attention and backend == "cuda"
         self._fused: Dict[tuple, Optional[_Fused]] = {}
         self._gdn_inputs: Dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -383,6 +391,11 @@ class GpuKernels(MlxOps):
 
     def lm_head(self, module, tied: bool, x):
         return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
+
+    def attention_gated(self, p: AttnParams, q, k, v, gate, cache):
+        if not self.fused_attention or cache is None or not cuda_attention.supported(q.shape, k.shape, q.dtype):
+            return None
+        return cuda_attention.gated_attention(q, k, v, gate, p.scale)
 
     def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections \
@@ -451,8 +464,9 @@ class CompiledGpuKernels(GpuKernels):
 
     compiled_layers = True
 
-    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False):
-        super().__init__(backend, row_kernel, fused_gdn)
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False,
+                 fused_attention: bool = False):
+        super().__init__(backend, row_kernel, fused_gdn, fused_attention)
         self._compiled: Dict[tuple, Callable] = {}
 
     def _fn(self, key, make):
@@ -486,6 +500,10 @@ class CompiledGpuKernels(GpuKernels):
         return self._fn((id(p), "in"), lambda: lambda x, pos: layers.attention_in(self, p, x, pos))(x, pos)
 
     def attention_out(self, p: AttnParams, x, o, gate, final_norm=None):
+        if gate is None:  # o already gated (attention_gated)
+            fn = self._fn((id(p), "out-gated", id(final_norm)),
+                          lambda: lambda x, o: layers.attention_out(self, p, x, o, None, final_norm))
+            return fn(x, o)
         fn = self._fn((id(p), "out", id(final_norm)),
                       lambda: lambda x, o, gate: layers.attention_out(self, p, x, o, gate, final_norm))
         return fn(x, o, gate)

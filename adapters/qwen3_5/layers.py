@@ -189,11 +189,13 @@ def _heads(t: mx.array) -> mx.array:
     return t.transpose(0, 2, 1, 3) if t.ndim == 4 else t.transpose(1, 0, 2)[None]
 
 
-def attention_out(ops, p: AttnParams, x: mx.array, o: mx.array, gate: mx.array,
+def attention_out(ops, p: AttnParams, x: mx.array, o: mx.array, gate: Optional[mx.array],
                   final_norm: Optional[nn.Module] = None) -> mx.array:
-    """Gated output projection, residual, MLP; then `final_norm` if given (the head ends in one)."""
-    o = o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1)
-    h = residual_mlp(ops, p.layer, p.mlp, ops.linear_add(p.attn.o_proj, o * mx.sigmoid(gate), x))
+    """Gated output projection, residual, MLP; then `final_norm` if given (the head ends in one).
+    `gate` None: o is already gated and laid out as o_proj reads it (ops.attention_gated)."""
+    if gate is not None:
+        o = o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1) * mx.sigmoid(gate)
+    h = residual_mlp(ops, p.layer, p.mlp, ops.linear_add(p.attn.o_proj, o, x))
     return h if final_norm is None else ops.norm(final_norm, h)
 
 
@@ -246,6 +248,9 @@ def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -
     function, so the layer runs as two halves with the update and the attention between)."""
     q, k, v, gate = run.attention_in(p, x, pos)
     k, v = cache.update_and_fetch(k, v)
+    gated = run.attention_gated(p, q, k, v, gate, cache)  # a backend's one kernel for it, or None
+    if gated is not None:
+        return run.attention_out(p, x, gated, None, final_norm)
     return run.attention_out(p, x, run.sdpa(q, k, v, p.scale, mask, cache), gate, final_norm)
 
 

@@ -1,0 +1,189 @@
+"""Attention of a few query rows over the KV cache, each row over exactly its own keys, with the
+output gate applied: two CUDA launches whatever the row count.
+
+Why: a verify's rows must be the decode steps' rows bit for bit, and MLX's attention over several
+queries reduces in another order than over one, so the GPU runner has computed a verify's
+attention one query at a time (backends.row_invariant_sdpa): per row a slice of the cache and an
+SDPA call, which for head_dim 256 MLX runs as matmul + softmax + matmul set up per call; then the
+gate's transpose, reshape, sigmoid and product. Here:
+
+- `partials`: one block per (key chunk, KV head, query row). A chunk is CHUNK keys at a fixed
+  position of the cache (keys [c*CHUNK, (c+1)*CHUNK)), cut to the row's own keys (row i of L sees
+  the first S-L+i+1); the block scores them against its KV head's G query heads (the keys and
+  values read once for the group), and keeps the chunk's max, sum of exponentials and weighted
+  values in fp32;
+- `combine`: one block per (query head, row): the row's chunks summed in order, normalised,
+  rounded, times sigmoid(gate), written as o_proj reads it ([L, heads * head_dim]).
+
+A row's chunks, their boundaries and every sum's order depend on the row's key count only, never
+on how many rows travel together: row invariance by construction. The keys and values are read
+in place through their strides (the cache hands out a view of its buffer; a copy would move the
+whole cache every step).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mlx.core as mx
+
+CHUNK = 128  # keys per partial: fixed positions in the cache, so a row's split never depends on L
+MAX_ROWS = 8
+HEAD_DIMS = (128, 256)
+
+PARTIALS = r"""
+  // q [1, nh, L, HD] (strided), k, v [1, nkv, S, HD] (strided, last stride 1); consts[0] = scale.
+  // Out: pm, pl [L, nh, C]; po [L, nh, C, HD] (fp32).
+  constexpr int VPL = HD / 32;   // a lane's share of one key's dims
+  constexpr int DPT = HD / 128;  // a thread's share of the output dims
+  const int L = q_shape[2];
+  const int S = k_shape[2];
+  const int nh = q_shape[1];
+  const int C = (S + CHUNK - 1) / CHUNK;
+  const int c = blockIdx.x, kvh = blockIdx.y, i = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n = S - L + i + 1;            // this row's keys
+  const int k0 = c * CHUNK;
+  const int cnt = min(CHUNK, n - k0);     // this chunk's keys for this row (<= 0: none)
+  const float scale = consts[0];
+
+  __shared__ float sq[G][HD];
+  __shared__ float sp[G][CHUNK];
+
+  for (int idx = tid; idx < G * HD; idx += 128) {
+    const int g = idx / HD, d = idx % HD;
+    sq[g][d] = static_cast<float>(q[(kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
+  }
+  __syncthreads();
+  if (cnt > 0) {
+    for (int j = warp; j < cnt; j += 4) {  // a warp per key, its lanes over the dims
+      const T* kr = k + kvh * k_strides[1] + (k0 + j) * k_strides[2] + lane * VPL;
+      float dot[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = 0.f;
+#pragma unroll
+      for (int e = 0; e < VPL; ++e) {
+        const float kv = static_cast<float>(kr[e]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g] = fmaf(sq[g][lane * VPL + e], kv, dot[g]);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float s = dot[g];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) sp[g][j] = s * scale;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < G) {  // the chunk's max and sum of exponentials, keys in order
+    float m = -__int_as_float(0x7f800000), l = 0.f;  // -inf
+    for (int j = 0; j < cnt; ++j) m = fmaxf(m, sp[tid][j]);
+    for (int j = 0; j < cnt; ++j) {
+      const float e = expf(sp[tid][j] - m);
+      sp[tid][j] = e;
+      l += e;
+    }
+    const int at = (i * nh + kvh * G + tid) * C + c;
+    pm[at] = m;
+    pl[at] = l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < DPT; ++e) {
+    const int d = tid + 128 * e;
+    float acc[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = 0.f;
+    for (int j = 0; j < cnt; ++j) {
+      const float vv = static_cast<float>(v[kvh * v_strides[1] + (k0 + j) * v_strides[2] + d]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) acc[g] = fmaf(sp[g][j], vv, acc[g]);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) po[((size_t)(i * nh + kvh * G + g) * C + c) * HD + d] = acc[g];
+  }
+"""
+
+COMBINE = r"""
+  // pm, pl [L, nh, C], po [L, nh, C, HD]; gate [1, L, nh * HD] (contiguous) -> y [1, L, nh * HD]
+  const int C = pm_shape[2];
+  const int L = pm_shape[0];
+  const int nh = pm_shape[1];
+  const int h = blockIdx.x, i = blockIdx.y, d = threadIdx.x;
+  const int base = (i * nh + h) * C;
+  // Chunks past this row's keys hold max -inf, sum 0 and zeros: they add exact zeros, so a row's
+  // result is the same whatever C (the last row's chunk count) is.
+  float M = -__int_as_float(0x7f800000);  // -inf
+  for (int c = 0; c < C; ++c) M = fmaxf(M, pm[base + c]);
+  float l = 0.f, o = 0.f;
+  for (int c = 0; c < C; ++c) {
+    const float w = expf(pm[base + c] - M);
+    l += pl[base + c] * w;
+    o += po[(size_t)(base + c) * HD + d] * w;
+  }
+  const float a = static_cast<float>(static_cast<T>(o / l));
+  const float gv = static_cast<float>(gate[(i * nh + h) * HD + d]);
+  const float sg = static_cast<float>(static_cast<T>(1.f / (1.f + expf(-gv))));
+  y[(i * nh + h) * HD + d] = static_cast<T>(a * sg);
+"""
+
+
+@lru_cache(maxsize=None)
+def _partials():
+    return mx.fast.cuda_kernel(name="mtp_attn_partials", input_names=["q", "k", "v", "consts"],
+                               output_names=["pm", "pl", "po"], source=PARTIALS, ensure_row_contiguous=False)
+
+
+@lru_cache(maxsize=None)
+def _scale(scale: float) -> mx.array:
+    return mx.array([scale], dtype=mx.float32)
+
+
+@lru_cache(maxsize=None)
+def _combine():
+    return mx.fast.cuda_kernel(name="mtp_attn_combine", input_names=["pm", "pl", "po", "gate"],
+                               output_names=["y"], source=COMBINE)
+
+
+def supported(q_shape, k_shape, dtype) -> bool:
+    """q [1, nh, L, hd], k [1, nkv, S, hd]: what gated_attention serves."""
+    if len(q_shape) != 4 or len(k_shape) != 4 or q_shape[0] != 1 or k_shape[0] != 1:
+        return False
+    _, nh, L, hd = q_shape
+    nkv, S = k_shape[1], k_shape[2]
+    return (hd in HEAD_DIMS and k_shape[3] == hd and 1 <= L <= MAX_ROWS and L <= S and nkv >= 1
+            and nh % nkv == 0 and nh // nkv <= 8 and dtype in (mx.bfloat16, mx.float16))
+
+
+def gated_attention(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale: float) -> mx.array:
+    """softmax(q k^T * scale) v for each row over its own keys (row i of L: the first S-L+i+1),
+    times sigmoid(gate): q [1, nh, L, hd], k, v [1, nkv, S, hd] (views of the cache are read in
+    place), gate [1, L, nh * hd] -> [1, L, nh * hd] in q's dtype."""
+    _, nh, L, hd = q.shape
+    nkv, S = k.shape[1], k.shape[2]
+    C = -(-S // CHUNK)
+    pm, pl, po = _partials()(
+        inputs=[q, k, v, _scale(scale)],
+        template=[("T", q.dtype), ("HD", hd), ("G", nh // nkv), ("CHUNK", CHUNK)],
+        grid=(C * 128, nkv, L), threadgroup=(128, 1, 1),
+        output_shapes=[(L, nh, C), (L, nh, C), (L, nh, C, hd)],
+        output_dtypes=[mx.float32] * 3,
+    )
+    (y,) = _combine()(
+        inputs=[pm, pl, po, mx.contiguous(gate)],
+        template=[("T", q.dtype), ("HD", hd)],
+        grid=(nh * hd, L, 1), threadgroup=(hd, 1, 1),
+        output_shapes=[(1, L, nh * hd)], output_dtypes=[q.dtype],
+    )
+    return y
+
+
+def reference(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale: float) -> mx.array:
+    """gated_attention as MLX ops (each row one SDPA over its own keys, then the gate), in the
+    dtype's rounding: what the GPU check holds the kernel to, and the CPU tests' stand-in."""
+    _, nh, L, hd = q.shape
+    S = k.shape[2]
+    rows = [mx.fast.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :S - L + i + 1], v[:, :, :S - L + i + 1],
+                                                 scale=scale) for i in range(L)]
+    o = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(1, L, nh * hd)
+    return o * mx.sigmoid(gate.reshape(1, L, nh * hd))
