@@ -58,8 +58,8 @@ class Settings(BaseSettings):
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.
     thinking: Optional[bool] = None
     blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
-    # Backends (adapters/qwen3_5/backends.py): the compiled per-layer CPU path for few-token
-    # forwards, and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
+    # Backends (adapters/qwen3_5/backends.py): few-token forwards compiled per layer (the CPU
+    # path; on CUDA around the kernels), and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
     # Continuous batching (webapp/batching.py, core/batch.py): requests decode together, each
