@@ -621,7 +621,7 @@ def make_tiny_checkpoint(
         weights = {**_hf_names(family, weights), **tower, **tensors}
         _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
         config.pop("mtp_tensor_count", None)
-        save_config(config, out / "config.json")
+        save_config(config, out / "config.json", keep_vision_config=vision is not None)
         (out / "generation_config.json").write_text(json.dumps(
             {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
         return out
@@ -649,7 +649,7 @@ def make_tiny_checkpoint(
         config["mtp_concat_order"] = concat_order
         config["mtp_norm_convention"] = "zero_centered" if zero_centered_norms else "standard"
 
-    save_config(config, out / "config.json")
+    save_config(config, out / "config.json", keep_vision_config=vision is not None)
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
     return out
