@@ -48,6 +48,7 @@ class ApiConfig:
     off_reason: str = ""
     keepalive: float = KEEPALIVE_SECONDS
     max_body: int = MAX_BODY
+    body_note: str = ""                     # what the 413 adds (the pictures a request may carry)
     cors_origins: Tuple[str, ...] = ()      # web origins whose pages may call the API (--cors-origins)
     response_store: int = 256               # /v1/responses kept for previous_response_id (LRU)
     log: Callable[[str], None] = lambda line: None
@@ -95,7 +96,8 @@ class OpenAIApi:
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body
-        too_big = ApiError(413, f"The request body is larger than {limit // 1024} KiB.", code="request_too_large")
+        too_big = ApiError(413, f"The request body is larger than {limit // 1024} KiB.{self.config.body_note}",
+                           code="request_too_large")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_big
@@ -152,7 +154,10 @@ class OpenAIApi:
 
     def model_object(self) -> dict:
         created = int(self.host.path.stat().st_mtime) if getattr(self.host, "path", None) else 0
-        return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}
+        # Pictures only where the checkpoint has a vision tower (OpenRouter's and LM Studio's key).
+        vision = getattr(getattr(self.host, "adapter", None), "vision", None) is not None
+        return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat",
+                "input_modalities": ["text", "image"] if vision else ["text"]}
 
     async def model(self, request: Request) -> Response:
         try:

@@ -201,6 +201,11 @@ def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", p
     enabled, why_not = api_policy(host, auth, api_key)
     api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
                     cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
+    if getattr(model_host.adapter, "vision", None) is not None:   # room for the pictures a request may carry
+        st = model_host.settings
+        api.max_body += st.image_max_count * (st.image_max_bytes * 4 // 3 + 64)
+        api.body_note = (f" A request may carry {st.image_max_count} picture(s) of at most "
+                         f"{st.image_max_bytes / 1e6:.1f} MB each (PNG, JPEG, WebP, GIF or BMP, base64).")
     if keepalive is not None:
         api.keepalive = keepalive
     app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)
