@@ -259,4 +259,5 @@ class HybridAdapter:
             f"({c.layer_kinds.count('linear')} Gated-DeltaNet + {c.layer_kinds.count('full')} attention), "
             f"hidden {c.hidden_size}, vocab {c.vocab_size}, {trunk}, {head} ({c.mtp_tensor_count} tensors, "
             f"{c.layout}), hidden variant {c.hidden_variant}, compute {self.compute_dtype}, backend {self.backend.name}"
+            + (f"; {self.vision.describe()}" if self.vision is not None else "; text only (no vision tower)")
         )
