@@ -100,8 +100,10 @@ def test_every_bad_picture_is_refused_and_the_next_request_is_served(oai, vl_url
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-def test_a_model_without_a_tower_refuses_pictures_and_says_so(tiny_checkpoint):
-    with served(make_host(tiny_checkpoint()), keepalive=0.2) as (url, _):
+def test_the_demo_model_has_no_tower_and_refuses_pictures_saying_so():
+    from core.settings import DEMO_MODEL_DIR
+
+    with served(make_host(DEMO_MODEL_DIR), keepalive=0.2) as (url, _):
         oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no vision tower"):
             oai.chat.completions.create(model=MODEL, messages=ask(data_url(1)), max_tokens=4)

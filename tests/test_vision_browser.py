@@ -69,8 +69,10 @@ def test_a_pasted_picture_is_answered_kept_and_its_follow_up_cached(browser, tin
         pg.screenshot(path=str(screenshot_dir() / "chat-picture.png"))
 
 
-def test_without_a_tower_there_is_no_picture_button(browser, tiny_model_dir):
-    with served(make_host(tiny_model_dir)) as (url, _):
+def test_the_demo_model_has_no_tower_and_no_picture_button(browser):
+    from core.settings import DEMO_MODEL_DIR
+
+    with served(make_host(DEMO_MODEL_DIR)) as (url, _):
         pg = browser.new_context().new_page()
         pg.goto(url)
         pg.wait_for_selector("#chat-input textarea")
