@@ -106,11 +106,11 @@ def test_the_demo_model_has_no_tower_and_refuses_pictures_saying_so():
     with served(make_host(DEMO_MODEL_DIR), keepalive=0.2) as (url, _):
         oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no vision tower"):
-            oai.chat.completions.create(model=MODEL, messages=ask(data_url(1)), max_tokens=4)
+            oai.chat.completions.create(model="demo", messages=ask(data_url(1)), max_tokens=4)
         with pytest.raises(anthropic.BadRequestError, match="no vision tower"):
             anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
-                model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [{"type": "image", "source": {
+                model="demo", max_tokens=4, messages=[{"role": "user", "content": [{"type": "image", "source": {
                     "type": "base64", "media_type": "image/png", "data": base64.b64encode(png(1)).decode()}}]}])
         assert httpx.get(url + "/v1/models").json()["data"][0]["input_modalities"] == ["text"]
-        assert oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+        assert oai.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=3).choices
