@@ -910,8 +910,11 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=LAYOUTS, default="mlx")
     p.add_argument("--gemma4-size", choices=["small", "large"], default="small",
                    help="family gemma4: E2B/E4B-like (centroid drafter head) or 31B-like (full head)")
+    p.add_argument("--vision", action="store_true",
+                   help="add Qwen3.5's vision tower beside the trunk (scripts/tiny_vision.py's defaults)")
     a = vars(p.parse_args(argv))
     out = a.pop("out")
+    a["vision"] = {} if a.pop("vision") else None
     size = a.pop("gemma4_size")
     a["gemma4"] = {"size": size} if a["family"] == "gemma4" else None
     a["quant_overrides"] = {k: int(v) for k, v in
