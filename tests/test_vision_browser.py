@@ -7,10 +7,9 @@ import base64
 import re
 
 import pytest
-from playwright import sync_api
 
 from tests._pictures import VL, png
-from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, make_host, needs_chromium, screenshot_dir, served
+from tests._webapp_helpers import make_host, needs_chromium, screenshot_dir, served
 from webapp.app import HISTORY_KEY
 
 needs_chromium()
@@ -24,14 +23,6 @@ PASTE = """async (b64) => {
   box.focus();
   box.dispatchEvent(new ClipboardEvent('paste', {clipboardData: data, bubbles: true, cancelable: true}));
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def send_and_wait(pg, text, n_stats):
