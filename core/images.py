@@ -131,13 +131,14 @@ def check_count(n: int, limit: int) -> None:
 
 def key_ids(ids: Sequence[int], spans: Sequence[ImageSpan]) -> Tuple[int, ...]:
     """The ids the prefix cache matches on: an image's positions hold ids drawn from the picture's
-    digest (negative, so never a token; int32, as the disk cache stores them), so the same picture
-    matches and another of the same size does not."""
+    digest and its grid (negative, so never a token; int32, as the disk cache stores them), so the
+    same picture at the same size matches, and another picture, or this one resized to another
+    grid (a changed pixel budget), does not."""
     if not spans:
         return tuple(ids)
     out = list(ids)
     for s in spans:
         for k in range(s.length):
-            d = hashlib.sha256(f"{s.picture.digest}:{k}".encode()).digest()
+            d = hashlib.sha256(f"{s.picture.digest}:{s.grid}:{k}".encode()).digest()
             out[s.start + k] = -1 - (int.from_bytes(d[:4], "little") & 0x7FFFFFFE)
     return tuple(out)
