@@ -137,6 +137,16 @@ def test_bad_pictures_are_refused_saying_what_is_allowed(bad, says):
     assert "PNG, JPEG" in str(e.value) or "never fetches" in str(e.value)
 
 
+def test_the_pixel_budget_bounds_the_resize_as_the_processor_does(tiny_checkpoint):
+    from core.settings import get_settings
+
+    small = load_adapter(tiny_checkpoint(**VL), settings=get_settings(image_max_pixels=64 * 64), log=lambda m: None)
+    assert small.vision.max_pixels == 64 * 64 and "4,096" in small.describe()
+    # 400x300 -> 64x32 px (aspect kept, sides multiples of 32, within 4,096 px): 4x2 patches of 16 px, 2 tokens
+    span = chat_prompt(small, [image_message(picture(1, width=400, height=300))]).images[0]
+    assert span.grid == (1, 2, 4) and span.length == 2
+
+
 def test_a_model_without_a_tower_refuses_pictures(tiny_checkpoint):
     ad = load_adapter(tiny_checkpoint(), log=lambda m: None)
     assert ad.vision is None
