@@ -175,25 +175,23 @@ class HybridAdapter:
         captured.gdn.clear()
 
     # -- the MTP head ----------------------------------------------------------------------
-    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True,
-                    delta: int = 0) -> mx.array:
+    def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True) -> mx.array:
         """hidden [B, T, H] at positions n, next_tokens [B, T] = t[n+1] -> g [B, T, H].
 
-        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden. `delta`:
-        the trunk's rope delta (after a picture the head's positions move as the trunk's do; a
-        picture's own positions in the head's history are text positions: that costs acceptance
-        at most, never exactness)."""
+        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden. The head's
+        positions are token indices, also after a picture (no rope delta: its own history stays
+        consistent, as mlx-vlm's qwen3_5 MTP drafter does); they touch acceptance, never exactness."""
         run = self.backend.runner(hidden.shape, fast)
         x = run.head_input(self.head, run.enter(hidden), run.enter(self.inner.embed_tokens(next_tokens)))
         mask, _ = run.masks(x, mtp_cache, None)
-        pos = run.positions(mtp_cache.offset + delta, x.shape[-2])
+        pos = run.positions(mtp_cache.offset, x.shape[-2])
         return run.leave(layers.attend(run, self.head_layer, x, mtp_cache, pos, mask, final_norm=self.head.norm))
 
     def absorb(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array) -> None:
-        self.mtp_forward(hidden, tokens, draft, fast=False, delta=getattr(cache, "rope_delta", 0))
+        self.mtp_forward(hidden, tokens, draft, fast=False)
 
     def draft_step(self, draft: KVCache, cache: list, hidden: mx.array, tokens: mx.array):
-        g = self.mtp_forward(hidden, tokens, draft, delta=getattr(cache, "rope_delta", 0))[:, -1:]
+        g = self.mtp_forward(hidden, tokens, draft)[:, -1:]
         return g, self.lm_head(g)[:, -1]
 
     def draft_batch(self, drafts: list, caches: list, hiddens: list, tokens: list):
@@ -204,8 +202,7 @@ class HybridAdapter:
         if len(drafts) == 1:
             g, logits = self.draft_step(drafts[0], caches[0], hiddens[0], tokens[0])
             return g, logits
-        g = mx.concatenate([self.mtp_forward(h, t, d, delta=getattr(c, "rope_delta", 0))[:, -1:]
-                            for d, c, h, t in zip(drafts, caches, hiddens, tokens)])
+        g = mx.concatenate([self.mtp_forward(h, t, d)[:, -1:] for d, h, t in zip(drafts, hiddens, tokens)])
         return g, self.lm_head(g, self.backend.batch)[:, -1]
 
     def end_cycle(self, draft: KVCache, steps: int) -> None:
