@@ -48,11 +48,12 @@ def test_the_tower_loads_in_both_layouts_and_our_trunk_computes_what_mlx_vlm_doe
     ad = load_adapter(path, log=lambda m: None)
     prompt = chat_prompt(ad, [image_message(picture(1))])
     span = prompt.images[0]
-    patches, thw = ad.vision.processor._process_one(span.picture.pixels.transpose(2, 0, 1),
-                                                     resized_height=span.grid[1] * 16, resized_width=span.grid[2] * 16)
+    processed = ad.vision.processor([span.picture.pixels.transpose(2, 0, 1)], resized_height=span.grid[1] * 16,
+                                    resized_width=span.grid[2] * 16)
     ids = mx.array([prompt.ids])
     cache = model.language_model.make_cache()
-    want = model(ids, pixel_values=mx.array(patches), image_grid_thw=mx.array([thw]), cache=cache).logits
+    want = model(ids, pixel_values=mx.array(processed["pixel_values"]),
+                 image_grid_thw=mx.array(processed["image_grid_thw"]), cache=cache).logits
     want_next = model.language_model(mx.array([[7]]), cache=cache).logits
     for adapter in (ad, mlx_layout):
         ours = adapter.make_cache()

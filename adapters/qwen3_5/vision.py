@@ -107,7 +107,9 @@ class Vision:
 
     # -- the prompt ---------------------------------------------------------------------
     def grid(self, picture: Picture) -> Tuple[int, int, int]:
-        """(t, h, w) in patches, as the processor resizes the picture (multiples of patch x merge)."""
+        """(t, h, w) in patches, as the processor resizes the picture (multiples of patch x merge).
+        `_resolved_size` is the processor's own sizing, shared by its preprocessing and its
+        token count (mlx-vlm 0.7.10): the grid without touching the pixels."""
         h, w = self.processor._resolved_size(picture.height, picture.width)
         p = self.processor.patch_size
         return 1, h // p, w // p
@@ -144,9 +146,10 @@ class Vision:
             return got
         image = np.transpose(span.picture.pixels, (2, 0, 1))   # [3, H, W] uint8: pixels, never a path
         h, w = span.grid[1] * self.processor.patch_size, span.grid[2] * self.processor.patch_size
-        patches, thw = self.processor._process_one(image, resized_height=h, resized_width=w)
+        out = self.processor([image], resized_height=h, resized_width=w)
+        thw = [int(v) for v in out["image_grid_thw"][0]]
         assert tuple(thw) == tuple(span.grid), (thw, span.grid)
-        features, _ = self.tower(mx.array(patches).astype(self.dtype), mx.array([thw], dtype=mx.int32))
+        features, _ = self.tower(mx.array(out["pixel_values"]).astype(self.dtype), mx.array([thw], dtype=mx.int32))
         mx.eval(features)
         self._features[span.picture.digest] = features
         while len(self._features) > FEATURES_KEPT:
