@@ -32,7 +32,7 @@ def _flatten(content, image_text: Optional[str], pictures: list) -> str:
     if isinstance(content, dict):
         if content.get("type") == "image" and isinstance(content.get("picture"), Picture):
             if image_text is None:
-                raise ImageError(NO_TOWER + ".")
+                raise ImageError(NO_TOWER)
             pictures.append(content["picture"])
             return image_text
         return content.get("text", "") if content.get("type", "text") == "text" else ""

@@ -37,6 +37,12 @@ _DATA_URL = re.compile(r"^data:(image/[a-zA-Z0-9.+-]+)?(;[a-zA-Z0-9=.+-]+)*;base
 class ImageError(ValueError):
     """A picture refused; the message says what is allowed (a 400 / a notice in the chat)."""
 
+    def sentence(self) -> str:
+        """The message as a sentence: capitalised, ending in a full stop."""
+        text = str(self)
+        text = text[:1].upper() + text[1:]
+        return text if text.endswith(".") else text + "."
+
 
 @dataclass(frozen=True, eq=False)
 class Picture:

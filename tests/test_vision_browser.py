@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import re
 
-import pytest
-
 from tests._pictures import VL, png
 from tests._webapp_helpers import make_host, needs_chromium, screenshot_dir, served
 from webapp.app import HISTORY_KEY

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.images import ImageError, Picture, check_count, from_base64, from_url
+from core.images import ImageError, Picture, check_count, from_url
 
 from .api_errors import ApiError, bad_request
 
@@ -27,7 +27,7 @@ class Budget:
 
 
 def refusal(exc: ImageError, where: str) -> ApiError:
-    return bad_request(str(exc)[0].upper() + str(exc)[1:], where, code="invalid_image")
+    return bad_request(exc.sentence(), where, code="invalid_image")
 
 
 def _url(part: dict) -> Any:

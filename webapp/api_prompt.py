@@ -18,7 +18,7 @@ def _refusal(exc: Exception, param: str) -> ApiError:
     from core.images import ImageError
 
     if isinstance(exc, ImageError):
-        return bad_request(str(exc)[0].upper() + str(exc)[1:], param, code="invalid_image")
+        return bad_request(exc.sentence(), param, code="invalid_image")
     if isinstance(exc, InputTooLarge):
         return ApiError(413, str(exc), param=param, code="input_too_large")
     if isinstance(exc, ContextError):

@@ -190,12 +190,11 @@ class ChatHandlers:
             from core.images import ImageError
 
             if not self.multimodal:
-                return NO_TOWER[0].upper() + NO_TOWER[1:] + ".", "Picture refused"
+                return ImageError(NO_TOWER).sentence(), "Picture refused"
             try:
                 pictures.checked(list(files), self.host.settings)
             except ImageError as exc:
-                return (f"{str(exc)[0].upper()}{str(exc)[1:]}. Pictures: {pictures.limits_text(self.host)}.",
-                        "Picture refused")
+                return f"{exc.sentence()} Pictures: {pictures.limits_text(self.host)}.", "Picture refused"
         if self.stops.busy(self.key(request)):
             return "A reply is still being generated: wait for it or press Stop.", "Busy"
         too_long = self.host.too_long(message)
@@ -284,8 +283,8 @@ class ChatHandlers:
                 yield history + [assistant(str(exc), title="⚠️ too long for the model's context")]
                 return
             except ImageError as exc:   # a picture gone from the upload folder, or one the limits refuse
-                yield history + [assistant(f"{str(exc)[0].upper()}{str(exc)[1:]}. Pictures: "
-                                           f"{pictures.limits_text(self.host)}.", title="⚠️ picture refused")]
+                yield history + [assistant(f"{exc.sentence()} Pictures: {pictures.limits_text(self.host)}.",
+                                           title="⚠️ picture refused")]
                 return
             if fitted.notice:
                 history = history + [assistant(fitted.notice, title="ℹ️ older messages left out")]

@@ -171,7 +171,7 @@ class RaceHandlers:
             except ContextError as exc:
                 raise refusal(str(exc), "Prompt too long", where="/race") from None
             except ImageError as exc:
-                raise refusal(f"{str(exc)[0].upper()}{str(exc)[1:]}.", "Picture refused", where="/race") from None
+                raise refusal(exc.sentence(), "Picture refused", where="/race") from None
             # Both lanes start from one cached state of the prompt (all but its last token),
             # made here off both clocks: neither lane's first token pays for the other's prefill.
             from core.stream import PrefillStopped
