@@ -57,6 +57,9 @@ def test_a_picture_reaches_the_model_through_each_protocol(vl_url, oai):
     resp = oai.responses.create(model=MODEL, max_output_tokens=12, temperature=0, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": data_url(1)}, {"type": "input_text", "text": QUESTION}]}])
     assert resp.output_text == texts[0]
+    follow = oai.responses.create(model=MODEL, previous_response_id=resp.id, input="And its colours?",
+                                  max_output_tokens=4, temperature=0)   # the stored turn keeps its picture
+    assert follow.usage.input_tokens > resp.usage.input_tokens and follow.usage.input_tokens_details.cached_tokens > 6
     models = httpx.get(vl_url + "/v1/models").json()["data"]
     assert models[0]["input_modalities"] == ["text", "image"]
 
