@@ -124,8 +124,9 @@ class OpenAIApi:
     async def read_request(self, request: Request, parse, **kw) -> ApiRequest:
         """Key, size, JSON, fields, model: the checks every decoding request passes."""
         self.authorize(request)
+        tower = getattr(getattr(self.host, "adapter", None), "vision", None) is not None
         req = parse(loads(await self.read_body(request)), self.settings, self.host.max_depth, self.settings.max_tokens,
-                    **kw)
+                    pictures=tower, **kw)
         self.check_model(req.model)
         return req
 

@@ -93,7 +93,7 @@ def _billing(block: Any) -> bool:
         and block["text"].startswith("x-anthropic-billing-header:")
 
 
-def to_chat(messages: Any, system: Any, settings=None) -> List[dict]:
+def to_chat(messages: Any, system: Any, settings=None, pictures: bool = True) -> List[dict]:
     """Anthropic's messages -> the OpenAI-shaped messages the chat template renders."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
@@ -145,7 +145,7 @@ def to_chat(messages: Any, system: Any, settings=None) -> List[dict]:
                 raise bad_request(f"{where}[{j}] has type {json.dumps(b['type'])[:30]}: an assistant message holds "
                                   f"text, thinking and tool_use blocks.", where, code="unsupported_content")
         out.append(msg)
-    return parse_messages(out, settings)   # the chat completions checks, once more, on the result
+    return parse_messages(out, settings, pictures)   # the chat completions checks, once more, on the result
 
 
 def parse_tools(body: dict) -> tuple:
@@ -199,7 +199,7 @@ def output_format(config: Any) -> Optional[str]:
 
 
 def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_default: int,
-                           count_only: bool = False) -> ApiRequest:
+                           count_only: bool = False, pictures: bool = True) -> ApiRequest:
     from .api_request import one_grammar
 
     check_fields(body, FIELDS)           # count_tokens takes (and checks) what a message takes
@@ -211,7 +211,7 @@ def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_defa
     params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
     req = ApiRequest(params=params, mode=mode, stream=bool(_bool(body, "stream")), model=model,
                      stops=parse_stops({"stop": body.get("stop_sequences")}))
-    req.messages = to_chat(body.get("messages"), body.get("system"), settings)
+    req.messages = to_chat(body.get("messages"), body.get("system"), settings, pictures)
     req.tools, forced = parse_tools(body)
     req.grammar = one_grammar(output_format(body.get("output_config")), forced)
     req.enable_thinking = parse_thinking(body.get("thinking"))

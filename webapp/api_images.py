@@ -19,11 +19,14 @@ from .api_errors import ApiError, bad_request
 class Budget:
     max_bytes: int = 20_000_000
     max_count: int = 4
+    tower: bool = True      # False: the model reads text only, and every picture is refused as such
     seen: int = 0
 
     @classmethod
-    def of(cls, settings) -> "Budget":
-        return cls(settings.image_max_bytes, settings.image_max_count) if settings is not None else cls()
+    def of(cls, settings, tower: bool = True) -> "Budget":
+        if settings is None:
+            return cls(tower=tower)
+        return cls(settings.image_max_bytes, settings.image_max_count, tower)
 
 
 def refusal(exc: ImageError, where: str) -> ApiError:
@@ -37,8 +40,12 @@ def _url(part: dict) -> Any:
 
 def picture(part: dict, where: str, budget: Budget) -> Picture:
     """An OpenAI `image_url` / Responses `input_image` part -> its Picture (counted against the budget)."""
+    from core.chat import NO_TOWER
+
     budget.seen += 1
     try:
+        if not budget.tower:   # said before anything is decoded
+            raise ImageError(NO_TOWER)
         check_count(budget.seen, budget.max_count)
         if part.get("type") == "input_image" and part.get("image_url") is None:
             raise ImageError("an input_image needs \"image_url\" with a base64 data: URL; file ids are not "

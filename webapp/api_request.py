@@ -236,7 +236,7 @@ def _content(v: Any, i: int, role: str, budget=None):
             raise bad_request(f"{where}[{j}] must be an object like {{\"type\": \"text\", \"text\": ...}}.", where)
         kind = part.get("type")
         if kind in ("image_url", "input_image") and role == "user":
-            out.append({"type": "image", "picture": picture(part, f"{where}[{j}]", budget or Budget())})
+            out.append({"type": "image", "picture": picture(part, where, budget or Budget())})
         elif kind == "image" and isinstance(part.get("picture"), Picture):   # parsed before (a stored turn)
             out.append(part)
         elif kind != "text":
@@ -270,10 +270,11 @@ def _tool_calls(v: Any, i: int) -> List[dict]:
     return out
 
 
-def parse_messages(v: Any, settings=None) -> List[dict]:
+def parse_messages(v: Any, settings=None, pictures: bool = True) -> List[dict]:
+    """Chat messages, checked; `pictures` False: the model has no vision tower (pictures refused)."""
     from .api_images import Budget
 
-    budget = Budget.of(settings)
+    budget = Budget.of(settings, pictures)
     if not isinstance(v, list) or not v:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
     if len(v) > MAX_MESSAGES:
@@ -381,11 +382,11 @@ def parse_logprobs(body: dict) -> Optional[int]:
     return (top or 0) if on else None
 
 
-def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int, pictures: bool = True) -> ApiRequest:
     from .api_structured import response_format
 
     req = parse_common(body, CHAT_FIELDS, settings, max_depth, max_tokens_default)
-    req.messages = parse_messages(body.get("messages"), settings)
+    req.messages = parse_messages(body.get("messages"), settings, pictures)
     req.tools, forced = parse_tools(body)
     req.grammar = one_grammar(response_format(body.get("response_format")), forced)
     req.enable_thinking = parse_thinking(body)

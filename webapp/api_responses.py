@@ -193,7 +193,7 @@ def split_name(name: str, tools: Optional[List[dict]]) -> dict:
 
 
 def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_default: int,
-                            store: Optional[ResponseStore] = None) -> ApiRequest:
+                            store: Optional[ResponseStore] = None, pictures: bool = True) -> ApiRequest:
     check_fields(body, FIELDS)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -220,7 +220,7 @@ def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_def
         history = (store or ResponseStore(0)).get(prev)
     new = to_chat(body["input"])
     req.messages = parse_messages(([{"role": "system", "content": instructions}] if instructions else []) + history + new,
-                                  settings)
+                                  settings, pictures)
     keep = _bool(body, "store")
     req.conversation = {"stored": history + new, "store": keep is not False, "previous_response_id": prev,
                         "instructions": instructions}   # history + new: without the instructions, for the store
