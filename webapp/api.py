@@ -121,12 +121,16 @@ class OpenAIApi:
             return error_response(exc)
         return JSONResponse(shape(exc), status_code=exc.status, headers=exc.headers)
 
+    @property
+    def pictures(self) -> bool:
+        """The model reads pictures (it has a vision tower): the chat parsers refuse them otherwise."""
+        return getattr(getattr(self.host, "adapter", None), "vision", None) is not None
+
     async def read_request(self, request: Request, parse, **kw) -> ApiRequest:
         """Key, size, JSON, fields, model: the checks every decoding request passes."""
         self.authorize(request)
-        tower = getattr(getattr(self.host, "adapter", None), "vision", None) is not None
         req = parse(loads(await self.read_body(request)), self.settings, self.host.max_depth, self.settings.max_tokens,
-                    pictures=tower, **kw)
+                    **kw)
         self.check_model(req.model)
         return req
 
@@ -156,9 +160,8 @@ class OpenAIApi:
     def model_object(self) -> dict:
         created = int(self.host.path.stat().st_mtime) if getattr(self.host, "path", None) else 0
         # Pictures only where the checkpoint has a vision tower (OpenRouter's and LM Studio's key).
-        vision = getattr(getattr(self.host, "adapter", None), "vision", None) is not None
         return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat",
-                "input_modalities": ["text", "image"] if vision else ["text"]}
+                "input_modalities": ["text", "image"] if self.pictures else ["text"]}
 
     async def model(self, request: Request) -> Response:
         try:
@@ -177,7 +180,7 @@ class OpenAIApi:
 
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_chat)
+            req = await self.read_request(request, parse_chat, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
             constraint = await self.constraint(req)
         except ApiError as exc:
@@ -205,7 +208,7 @@ class OpenAIApi:
 
     async def messages(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_messages_request)
+            req = await self.read_request(request, parse_messages_request, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req, True)
             constraint = await self.constraint(req)
         except ApiError as exc:
@@ -221,7 +224,7 @@ class OpenAIApi:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_messages_request, count_only=True)
+            req = await self.read_request(request, parse_messages_request, count_only=True, pictures=self.pictures)
             prompt, _ = await run_in_threadpool(chat_prompt, self.host, req, True)
             await self.constraint(req)              # a schema that would be refused is refused here too
         except ApiError as exc:
@@ -230,7 +233,7 @@ class OpenAIApi:
 
     async def responses_create(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_responses_request, store=self.responses)
+            req = await self.read_request(request, parse_responses_request, store=self.responses, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
             constraint = await self.constraint(req)
         except ApiError as exc:
