@@ -160,3 +160,18 @@ def test_image_tokens_typed_as_text_are_refused(vl):
     with pytest.raises(ImageError, match="placeholder"):
         chat_prompt(vl, [image_message(picture(1), text)])
     assert data_url(1).startswith("data:image/png;base64,")
+
+
+@pytest.mark.parametrize("mode", ["ar", "mtp"])
+def test_pictures_decode_in_a_batch_exactly_as_alone(vl, mode):
+    """Two image turns (other pictures, so other rope deltas) and a text one, decoded together."""
+    from tests.test_batch import run_batched
+
+    prompts = [chat_prompt(vl, [image_message(picture(s), "Describe it.")]) for s in (1, 2)]
+    prompts.append(chat_prompt(vl, [{"role": "user", "content": "Hello there"}]))
+    lengths = [24, 20, 16]
+    alone = [(AutoregressiveDecoder(vl, sampler=GREEDY) if mode == "ar" else
+              SpeculativeDecoder(vl, sampler=GREEDY, depth=2)).generate(p, max_tokens=n)[0]
+             for p, n in zip(prompts, lengths)]
+    batched, sizes, _ = run_batched(vl, mode, 2, prompts, lengths, {0: [0, 2], 3: [1]})
+    assert batched == alone and max(sizes) == 3
