@@ -26,6 +26,7 @@ class LoadOptions:
     compiled: bool = True                 # the CPU-compiled backend for few-token forwards
     gpu_kernels: bool = True              # the adapter's own CUDA / Metal kernels
     drafter: Optional[str] = None         # a drafter kept in its own checkpoint (Gemma 4's assistant)
+    image_max_pixels: Optional[int] = None  # bounds the vision tower's resize (None: the checkpoint's own)
     log: Callable[[str], None] = field(default=_say, compare=False)
 
     @classmethod
@@ -36,5 +37,6 @@ class LoadOptions:
 
             settings = get_settings()
         base = cls(hidden_variant=settings.hidden_variant, compiled=settings.compiled,
-                   gpu_kernels=settings.gpu_kernels, drafter=getattr(settings, "drafter", None))
+                   gpu_kernels=settings.gpu_kernels, drafter=getattr(settings, "drafter", None),
+                   image_max_pixels=getattr(settings, "image_max_pixels", None))
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from .chat import chat_prompt, normalize_messages
+from .chat import chat_prompt, image_text, normalize_messages
 from .stream import Prompt
 
 # Text runs at ~3-5 characters a token; 8 leaves room for dense text and still refuses a 1 MB
@@ -67,7 +67,7 @@ def fit_chat(adapter, messages: Sequence[dict], max_tokens: int, *, trim: bool =
     if max_tokens >= window:
         raise ContextError(f"max tokens is {max_tokens:,}, but the model's context holds {window:,} tokens "
                            "in all: lower max tokens.")
-    msgs = normalize_messages(messages)
+    msgs = normalize_messages(messages, image_text(adapter))
     budget = (window - max_tokens) * CHARS_PER_TOKEN
     first = 1 if msgs[0]["role"] == "system" else 0
     fixed = sum(_chars(m) for m in msgs[:first]) + (len(json.dumps(tools)) if tools else 0)

@@ -85,13 +85,16 @@ class Adapter(Protocol):
 
     # -- trunk -------------------------------------------------------------------------
     def forward(self, tokens: mx.array, cache: Any, *, all_logits: bool = True, capture: bool = False,
-                fast: bool = True) -> Tuple[mx.array, mx.array, Optional[Any]]:
+                fast: bool = True, images: Tuple = ()) -> Tuple[mx.array, mx.array, Optional[Any]]:
         """tokens [B, T] -> (logits [B, T or 1, V], hidden [B, T, H], captured or None).
 
         hidden is what the drafter reads (the family's variant: pre- or post-norm). With
         capture, the returned object lets `rollback` keep any prefix of the T positions.
         fast=False asks for the path whose result does not depend on how a prompt is split
-        into chunks (prefill, and the prefix cache relies on it)."""
+        into chunks (prefill, and the prefix cache relies on it). `images`: the pictures
+        (core.images.ImageSpan) wholly inside these tokens, in prefill only, and only to an
+        adapter whose `vision` is set (a family with a vision tower); their embeddings replace
+        the image tokens'."""
 
     def rollback(self, cache: Any, captured: Any, keep: int) -> None:
         """Commit only the first `keep` positions of a captured forward (keep >= 1)."""

@@ -74,6 +74,13 @@ class Settings(BaseSettings):
     # at the next start; None: ~/.cache/mtp-chat/costs. "" turns saving off.
     costs_dir: Optional[str] = None
 
+    # Pictures (a checkpoint with a vision tower): the most pixels a picture is resized to (the
+    # processor's way: multiples of 32 px, aspect kept; 1,003,520 is ~1,000 image tokens, ~1,000x1,000
+    # px), pictures per request, and the bytes of one picture as sent.
+    image_max_pixels: int = Field(1_003_520, ge=1024)
+    image_max_count: int = Field(4, ge=0, le=64)
+    image_max_bytes: int = Field(20_000_000, ge=1024)
+
     @field_validator("depth", mode="before")
     @classmethod
     def _depth(cls, v):

@@ -4,10 +4,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .images import ImageSpan, key_ids
 from .logprobs import token_logprobs
 from .prefix_cache import Snapshot, marks_within
 from .stats import GenerationStats, OwnClock
@@ -35,10 +37,26 @@ def synchronize() -> None:
 
 @dataclass(frozen=True)
 class Prompt:
-    """Prompt token ids plus the positions worth a prefix-cache snapshot (see core.chat)."""
+    """Prompt token ids plus the positions worth a prefix-cache snapshot (see core.chat), and the
+    pictures whose embeddings replace the image tokens' (core.images.ImageSpan, in order)."""
 
     ids: Tuple[int, ...]
     marks: Tuple[int, ...] = ()
+    images: Tuple[ImageSpan, ...] = ()
+
+    @cached_property
+    def key(self) -> Tuple[int, ...]:
+        """What the prefix cache matches on: the ids, an image's positions keyed by its picture."""
+        return key_ids(self.ids, self.images)
+
+    def images_within(self, a: int, b: int) -> Tuple[ImageSpan, ...]:
+        return tuple(s for s in self.images if a <= s.start and s.end <= b)
+
+    def head(self, n: int, marks=()) -> "Prompt":
+        """The first n tokens (no image may straddle n), with `marks` added."""
+        assert not any(s.start < n < s.end for s in self.images), "a prompt cut inside a picture"
+        return Prompt(self.ids[:n], tuple(sorted(set(m for m in self.marks if m < n) | set(marks))),
+                      tuple(s for s in self.images if s.end <= n))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -52,8 +70,9 @@ class PrefillStopped(Exception):
 
 
 def as_prompt(prompt_ids) -> Prompt:
+    images = ()
     if isinstance(prompt_ids, Prompt):
-        ids, marks = prompt_ids.ids, prompt_ids.marks
+        ids, marks, images = prompt_ids.ids, prompt_ids.marks, prompt_ids.images
     else:
         ids, marks = prompt_ids, ()
     if isinstance(ids, mx.array):
@@ -61,7 +80,7 @@ def as_prompt(prompt_ids) -> Prompt:
     ids = tuple(int(t) for t in ids)
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")
-    return Prompt(ids, tuple(marks))
+    return Prompt(ids, tuple(marks), images)
 
 
 @dataclass
@@ -102,20 +121,25 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
     each chunk the stop event is checked, so a long prompt can be abandoned within one chunk.
     """
     ids, L = prompt.ids, len(prompt.ids)
+    key = prompt.key   # the ids, with each picture's positions keyed by the picture (core.images)
     chunk = chunk or PREFILL_CHUNK
     start, h_last = 0, None
-    snap = prefix_cache.lookup(ids) if prefix_cache is not None and draft is not None else None
+    snap = prefix_cache.lookup(key) if prefix_cache is not None and draft is not None else None
     if snap is not None:
         adapter.restore(snap.state, cache, draft)
         h_last, start = snap.hidden, snap.length
     tokens = mx.array(ids, dtype=mx.int32)
     # Chunks end every `chunk` tokens and at the marks (lookup leaves >= 1 token to run).
     ends = sorted(set(range(start + chunk, L, chunk)) | set(marks_within(list(prompt.marks), start, L)) | {L})
+    # A picture enters whole: no chunk ends inside one (its tower output and grid positions are one piece).
+    ends = [e for e in ends if not any(s.start < e < s.end for s in prompt.images)]
     a = start
     for b in ends:
         if stop is not None and stop.is_set():
             raise PrefillStopped()
-        logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False)
+        pictures = prompt.images_within(a, b)
+        logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False,
+                                            **({"images": pictures} if pictures else {}))
         # Drafter positions a-1 .. b-2: (hidden n, token n+1).
         hs = hidden[:, :-1] if h_last is None else mx.concatenate([h_last, hidden[:, :-1]], axis=1)
         if draft is not None and hs.shape[1]:
@@ -123,7 +147,7 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
         mx.eval(h_last, logits, adapter.state_arrays(cache, draft))  # bound the graph per chunk
         if prefix_cache is not None and draft is not None and b in prompt.marks:
-            prefix_cache.store(Snapshot(tuple(ids[:b]), adapter.snapshot(cache, draft), h_last))
+            prefix_cache.store(Snapshot(tuple(key[:b]), adapter.snapshot(cache, draft), h_last))
         a = b
         if b < L:
             yield b
@@ -147,8 +171,8 @@ def cache_prompt(adapter, prompt: Prompt, prefix_cache, stop: Optional[threading
     now cached."""
     if len(prompt.ids) < 2:
         return 0
-    head = Prompt(prompt.ids[:-1], tuple(m for m in prompt.marks if m < len(prompt.ids) - 1) + (len(prompt.ids) - 1,))
-    snap = prefix_cache.lookup(prompt.ids)
+    head = prompt.head(len(prompt.ids) - 1, (len(prompt.ids) - 1,))
+    snap = prefix_cache.lookup(prompt.key)
     if snap is not None and snap.length == len(head.ids):
         return snap.length
     cache = adapter.make_cache()
@@ -162,10 +186,10 @@ def cache_history(adapter, history: Prompt, prefix_cache) -> int:
     that the next turn prefills only its new message. Run after a reply, in idle time; it
     prefills from the longest snapshot there is (the one before this reply's generation
     prompt). Returns the tokens snapshotted."""
-    ids = tuple(history.ids)
+    n = len(history.ids)
     cache = adapter.make_cache()
-    prefill(adapter, Prompt(ids, (len(ids),)), cache, adapter.make_draft(cache), prefix_cache)
-    return len(ids)
+    prefill(adapter, Prompt(tuple(history.ids), (n,), history.images), cache, adapter.make_draft(cache), prefix_cache)
+    return n
 
 
 class Lane:

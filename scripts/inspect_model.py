@@ -168,6 +168,10 @@ def inspect(model: str, hidden_variant=None, out=print, measure: bool = False, d
     tok = adapter.tokenizer
     out(f"tokenizer: eos {tok.eos_token!r} (id {tok.eos_token_id}), chat template: "
         f"{'yes' if getattr(tok, 'chat_template', None) else 'no'}")
+    vision = getattr(adapter, "vision", None)
+    out(vision.describe() if vision is not None else
+        "vision tower: none (text only)" + ("; config.json has a vision_config but the shards hold no tower"
+                                            if config.get("vision_config") else ""))
     out(f"contract: {c.summary()}")
 
     # --- config.json against what was loaded -------------------------------------------

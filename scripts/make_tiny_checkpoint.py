@@ -264,8 +264,9 @@ def _train_tokenizer_json(vocab_size: int, extra_tokens=()) -> str:
     return js
 
 
-def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int, template: str = "chatml") -> dict:
-    js = _train_tokenizer_json(vocab_size, TEMPLATE_TOKENS.get(template, ()))
+def _write_tokenizer(out: Path, vocab_size: int, model_max_length: int, template: str = "chatml",
+                     extra_tokens=()) -> dict:
+    js = _train_tokenizer_json(vocab_size, tuple(TEMPLATE_TOKENS.get(template, ())) + tuple(extra_tokens))
     (out / "tokenizer.json").write_text(js)
     ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
     # Every added token (fillers and specials) with its id: transformers rebuilds the added
@@ -402,6 +403,7 @@ def make_tiny_checkpoint(
     shared_expert_intermediate_size: int = 32,
     mtp_gate_bits: int = 8,
     gemma4: Optional[dict] = None,
+    vision: Optional[dict] = None,
 ) -> Path:
     """Write a random-weight Qwythos-layout checkpoint into ``out_dir`` and return its path.
 
@@ -419,6 +421,9 @@ def make_tiny_checkpoint(
     ``template="qwen3_5"`` writes a Qwen3.5-style chat template (tools, tool calls, a
     ``<think>`` block opened by the generation prompt, ``enable_thinking``) and its added tokens.
     ``max_shard_bytes`` splits the trunk into ``model-0000N-of-0000M.safetensors``.
+    ``vision`` (a dict, ``{}`` for the defaults of scripts/tiny_vision.py) adds Qwen3.5's vision
+    tower beside the trunk (``model.visual.*`` in the ``hf`` layout, ``vision_tower.*`` in the
+    ``mlx`` one), its ``vision_config``, the image tokens and preprocessor_config.json.
 
     ``family``: ``qwen3_5`` (dense), ``qwen3_5_moe`` (routed experts in every layer and in the
     head, stored fused: ``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``; config keys
@@ -527,7 +532,12 @@ def make_tiny_checkpoint(
     # --- tokenizer (fixes the special ids) -------------------------------------------
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {sorted(TEMPLATES)}")
-    special_ids = _write_tokenizer(out, vocab_size, max_position_embeddings, template)
+    if vision is not None:
+        from scripts import tiny_vision
+
+        vision = {**tiny_vision.DEFAULTS, **vision}
+    special_ids = _write_tokenizer(out, vocab_size, max_position_embeddings, template,
+                                   tiny_vision.VISION_TOKENS if vision is not None else ())
     eos_id = special_ids[EOS_TOKEN]
     text_config["eos_token_id"] = eos_id
     text_config["pad_token_id"] = special_ids[PAD_TOKEN]
@@ -535,7 +545,8 @@ def make_tiny_checkpoint(
     # --- trunk -------------------------------------------------------------------------
     model, args = _trunk_model(family, text_config)
     params = dict(tree_flatten(model.parameters()))
-    n_special = len(SPECIAL_TOKENS) + (len(QWEN35_TOKENS) if template == "qwen3_5" else 0)
+    n_special = (len(SPECIAL_TOKENS) + (len(QWEN35_TOKENS) if template == "qwen3_5" else 0)
+                 + (len(tiny_vision.VISION_TOKENS) if vision is not None else 0))
     frequent_ids = np.array([], dtype=np.int64)
     if frequent_tokens > 0:
         # Ordinary BPE ids (not bytes-only, not specials/fillers) become "frequent".
@@ -586,6 +597,15 @@ def make_tiny_checkpoint(
     mx.eval(model.parameters())
 
     weights = dict(tree_flatten(model.parameters()))
+    tower = {}
+    if vision is not None:   # the tower beside the trunk, its config, tokens and processor
+        vc = tiny_vision.vision_config(vision, hidden_size)
+        tower = tiny_vision.tower_tensors(vc, rng, layout, vision["weight_scale"])
+        tok = json.loads((out / "tokenizer.json").read_text())
+        ids = {a["content"]: a["id"] for a in tok["added_tokens"]}
+        config.update(vision_config=vc, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                      vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+        tiny_vision.write_processor(out, vision)
     # --- MTP head ----------------------------------------------------------------------
     tensors, gate_params = {}, {}
     if write_sidecar:
@@ -598,14 +618,14 @@ def make_tiny_checkpoint(
             residual_gain=residual_gain, gate_bits=mtp_gate_bits,
         )
     if layout == "hf":
-        weights = {**_hf_names(family, weights), **tensors}
+        weights = {**_hf_names(family, weights), **tower, **tensors}
         _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
         config.pop("mtp_tensor_count", None)
-        save_config(config, out / "config.json")
+        save_config(config, out / "config.json", keep_vision_config=vision is not None)
         (out / "generation_config.json").write_text(json.dumps(
             {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
         return out
-    _save_trunk(out, weights, get_total_parameters(model), max_shard_bytes)
+    _save_trunk(out, {**weights, **tower}, get_total_parameters(model), max_shard_bytes)
 
     if write_sidecar:
         tensors = {key_prefix + k: v for k, v in tensors.items()}
@@ -629,7 +649,7 @@ def make_tiny_checkpoint(
         config["mtp_concat_order"] = concat_order
         config["mtp_norm_convention"] = "zero_centered" if zero_centered_norms else "standard"
 
-    save_config(config, out / "config.json")
+    save_config(config, out / "config.json", keep_vision_config=vision is not None)
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [eos_id], "pad_token_id": special_ids[PAD_TOKEN]}, indent=2))
     return out
@@ -890,8 +910,11 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=LAYOUTS, default="mlx")
     p.add_argument("--gemma4-size", choices=["small", "large"], default="small",
                    help="family gemma4: E2B/E4B-like (centroid drafter head) or 31B-like (full head)")
+    p.add_argument("--vision", action="store_true",
+                   help="add Qwen3.5's vision tower beside the trunk (scripts/tiny_vision.py's defaults)")
     a = vars(p.parse_args(argv))
     out = a.pop("out")
+    a["vision"] = {} if a.pop("vision") else None
     size = a.pop("gemma4_size")
     a["gemma4"] = {"size": size} if a["family"] == "gemma4" else None
     a["quant_overrides"] = {k: int(v) for k, v in

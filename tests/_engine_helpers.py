@@ -62,7 +62,9 @@ def exact_joint(adapter, sampler, prompt, n):
             return
         # the decoders' own path: prefill the prompt, then one token at a time
         cache = adapter.make_cache()
-        logits, _, _ = adapter.forward(mx.array([prompt]), cache, all_logits=False)
+        pictures = getattr(prompt, "images", ())   # a core.stream.Prompt with pictures
+        logits, _, _ = adapter.forward(mx.array([list(prompt)]), cache, all_logits=False,
+                                       **({"images": pictures} if pictures else {}))
         for t in prefix:
             logits, _, _ = adapter.forward(mx.array([[t]]), cache)
         p = np.array(sampler.probs(logits[0, -1]))

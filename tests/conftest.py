@@ -133,3 +133,16 @@ def pytest_sessionfinish(session, exitstatus):
                 reporter.write_line(f"SKIPPED (fails under CI) {nodeid}: {reason}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright, one per test module (KNOWLEDGE section 8)."""
+    from playwright import sync_api
+
+    from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 import time
 
-from playwright import sync_api
 import pytest
 
-from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
+from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
 from webapp.app import HISTORY_KEY
 
 needs_chromium()
@@ -31,14 +30,6 @@ def app_url(tiny_model_dir):
     with served(host) as (url, demo):
         STOPS[:] = [demo.stops]
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ class ApiConfig:
     off_reason: str = ""
     keepalive: float = KEEPALIVE_SECONDS
     max_body: int = MAX_BODY
+    body_note: str = ""                     # what the 413 adds (the pictures a request may carry)
     cors_origins: Tuple[str, ...] = ()      # web origins whose pages may call the API (--cors-origins)
     response_store: int = 256               # /v1/responses kept for previous_response_id (LRU)
     log: Callable[[str], None] = lambda line: None
@@ -95,7 +96,8 @@ class OpenAIApi:
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body
-        too_big = ApiError(413, f"The request body is larger than {limit // 1024} KiB.", code="request_too_large")
+        too_big = ApiError(413, f"The request body is larger than {limit // 1024} KiB.{self.config.body_note}",
+                           code="request_too_large")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_big
@@ -118,6 +120,11 @@ class OpenAIApi:
         if shape is None:
             return error_response(exc)
         return JSONResponse(shape(exc), status_code=exc.status, headers=exc.headers)
+
+    @property
+    def pictures(self) -> bool:
+        """The model reads pictures (it has a vision tower): the chat parsers refuse them otherwise."""
+        return getattr(getattr(self.host, "adapter", None), "vision", None) is not None
 
     async def read_request(self, request: Request, parse, **kw) -> ApiRequest:
         """Key, size, JSON, fields, model: the checks every decoding request passes."""
@@ -152,7 +159,9 @@ class OpenAIApi:
 
     def model_object(self) -> dict:
         created = int(self.host.path.stat().st_mtime) if getattr(self.host, "path", None) else 0
-        return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat"}
+        # Pictures only where the checkpoint has a vision tower (OpenRouter's and LM Studio's key).
+        return {"id": self.config.model_id, "object": "model", "created": created, "owned_by": "mtp-chat",
+                "input_modalities": ["text", "image"] if self.pictures else ["text"]}
 
     async def model(self, request: Request) -> Response:
         try:
@@ -171,7 +180,7 @@ class OpenAIApi:
 
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_chat)
+            req = await self.read_request(request, parse_chat, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
             constraint = await self.constraint(req)
         except ApiError as exc:
@@ -199,7 +208,7 @@ class OpenAIApi:
 
     async def messages(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_messages_request)
+            req = await self.read_request(request, parse_messages_request, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req, True)
             constraint = await self.constraint(req)
         except ApiError as exc:
@@ -215,7 +224,7 @@ class OpenAIApi:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_messages_request, count_only=True)
+            req = await self.read_request(request, parse_messages_request, count_only=True, pictures=self.pictures)
             prompt, _ = await run_in_threadpool(chat_prompt, self.host, req, True)
             await self.constraint(req)              # a schema that would be refused is refused here too
         except ApiError as exc:
@@ -224,7 +233,7 @@ class OpenAIApi:
 
     async def responses_create(self, request: Request) -> Response:
         try:
-            req = await self.read_request(request, parse_responses_request, store=self.responses)
+            req = await self.read_request(request, parse_responses_request, store=self.responses, pictures=self.pictures)
             prompt, in_reasoning = await run_in_threadpool(chat_prompt, self.host, req)
             constraint = await self.constraint(req)
         except ApiError as exc:

@@ -20,6 +20,7 @@ import secrets
 from typing import Any, AsyncIterator, List, Optional
 
 from .api_errors import ApiError, bad_request
+from .api_images import anthropic_part
 from .api_request import (ApiRequest, _string, check_fields, forced_tool, function_tool, parse_messages,
                           parse_sampling, parse_stops, _bool)
 from .api_run import Ending, KeepAlive, Run, Whole
@@ -92,7 +93,7 @@ def _billing(block: Any) -> bool:
         and block["text"].startswith("x-anthropic-billing-header:")
 
 
-def to_chat(messages: Any, system: Any) -> List[dict]:
+def to_chat(messages: Any, system: Any, settings=None, pictures: bool = True) -> List[dict]:
     """Anthropic's messages -> the OpenAI-shaped messages the chat template renders."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
@@ -110,17 +111,19 @@ def to_chat(messages: Any, system: Any) -> List[dict]:
             out.append({"role": "system", "content": _text(m["content"], where)})
             continue
         if m["role"] == "user":
-            text = []
+            parts = []
             for j, b in enumerate(_blocks(m["content"], where)):
                 if b["type"] == "tool_result":
                     result = b.get("content", "")
                     result = _text(result, f"{where}[{j}].content") if result else ""
                     out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
                                 "content": ("Error: " + result) if b.get("is_error") is True else result})
+                elif b["type"] == "image":   # base64 only, decoded by parse_messages below
+                    parts.append(anthropic_part(b, f"{where}[{j}]"))
                 else:
-                    text.append(_text([b], where))
-            if text or not out or out[-1]["role"] != "tool":
-                out.append({"role": "user", "content": "".join(text)})
+                    parts.append({"type": "text", "text": _text([b], where)})
+            if parts or not out or out[-1]["role"] != "tool":
+                out.append({"role": "user", "content": parts})
             continue
         msg = {"role": "assistant", "content": ""}
         for j, b in enumerate(_blocks(m["content"], where)):
@@ -142,7 +145,7 @@ def to_chat(messages: Any, system: Any) -> List[dict]:
                 raise bad_request(f"{where}[{j}] has type {json.dumps(b['type'])[:30]}: an assistant message holds "
                                   f"text, thinking and tool_use blocks.", where, code="unsupported_content")
         out.append(msg)
-    return parse_messages(out)       # the chat completions checks, once more, on the result
+    return parse_messages(out, settings, pictures)   # the chat completions checks, once more, on the result
 
 
 def parse_tools(body: dict) -> tuple:
@@ -196,7 +199,7 @@ def output_format(config: Any) -> Optional[str]:
 
 
 def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_default: int,
-                           count_only: bool = False) -> ApiRequest:
+                           count_only: bool = False, pictures: bool = True) -> ApiRequest:
     from .api_request import one_grammar
 
     check_fields(body, FIELDS)           # count_tokens takes (and checks) what a message takes
@@ -208,7 +211,7 @@ def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_defa
     params, mode = parse_sampling(body, settings, max_depth, max_tokens_default)
     req = ApiRequest(params=params, mode=mode, stream=bool(_bool(body, "stream")), model=model,
                      stops=parse_stops({"stop": body.get("stop_sequences")}))
-    req.messages = to_chat(body.get("messages"), body.get("system"))
+    req.messages = to_chat(body.get("messages"), body.get("system"), settings, pictures)
     req.tools, forced = parse_tools(body)
     req.grammar = one_grammar(output_format(body.get("output_config")), forced)
     req.enable_thinking = parse_thinking(body.get("thinking"))

@@ -15,7 +15,10 @@ from .api_request import ApiRequest
 
 def _refusal(exc: Exception, param: str) -> ApiError:
     from core import ContextError, InputTooLarge
+    from core.images import ImageError
 
+    if isinstance(exc, ImageError):
+        return bad_request(exc.sentence(), param, code="invalid_image")
     if isinstance(exc, InputTooLarge):
         return ApiError(413, str(exc), param=param, code="input_too_large")
     if isinstance(exc, ContextError):

@@ -217,24 +217,37 @@ def parse_common(body: dict, allowed: set, settings, max_depth: int, max_tokens_
 
 
 # --- chat completions --------------------------------------------------------------------
-def _content(v: Any, i: int, role: str) -> str:
+def _content(v: Any, i: int, role: str, budget=None):
+    """A message's content: its text, or (when it holds pictures) a list of text and image blocks."""
+    from core.images import Picture
+
+    from .api_images import Budget, picture
+
     where = f"messages[{i}].content"
     if v is None:
         return ""
     if isinstance(v, str):
         return clean_text(v)
     if not isinstance(v, list):
-        raise bad_request(f"{where} must be a string or a list of text parts.", where)
+        raise bad_request(f"{where} must be a string or a list of text and image_url parts.", where)
     out = []
     for j, part in enumerate(v):
         if not isinstance(part, dict):
             raise bad_request(f"{where}[{j}] must be an object like {{\"type\": \"text\", \"text\": ...}}.", where)
         kind = part.get("type")
-        if kind != "text":
-            raise bad_request(f"{where}[{j}] has type {json.dumps(kind)[:30]}: this model reads text only "
-                              f"(parts of type \"text\").", where, code="unsupported_content")
-        out.append(_string(part.get("text"), f"{where}[{j}].text", where))
-    return "".join(out)
+        if kind in ("image_url", "input_image") and role == "user":
+            out.append({"type": "image", "picture": picture(part, where, budget or Budget())})
+        elif kind == "image" and isinstance(part.get("picture"), Picture):   # parsed before (a stored turn)
+            out.append(part)
+        elif kind != "text":
+            raise bad_request(f"{where}[{j}] has type {json.dumps(kind)[:30]}: a {role} message holds parts of "
+                              "type \"text\"" + (" and \"image_url\" (base64 data: URLs)" if role == "user" else "")
+                              + ".", where, code="unsupported_content")
+        else:
+            out.append({"type": "text", "text": _string(part.get("text"), f"{where}[{j}].text", where)})
+    if all(b["type"] == "text" for b in out):
+        return "".join(b["text"] for b in out)
+    return out
 
 
 def _tool_calls(v: Any, i: int) -> List[dict]:
@@ -257,7 +270,11 @@ def _tool_calls(v: Any, i: int) -> List[dict]:
     return out
 
 
-def parse_messages(v: Any) -> List[dict]:
+def parse_messages(v: Any, settings=None, pictures: bool = True) -> List[dict]:
+    """Chat messages, checked; `pictures` False: the model has no vision tower (pictures refused)."""
+    from .api_images import Budget
+
+    budget = Budget.of(settings, pictures)
     if not isinstance(v, list) or not v:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects.", "messages")
     if len(v) > MAX_MESSAGES:
@@ -274,7 +291,7 @@ def parse_messages(v: Any) -> List[dict]:
         if m.get("content") is None and role != "assistant":   # only an assistant's tool calls stand alone
             raise bad_request(f"messages[{i}].content is missing: a {m['role']} message needs its text in "
                               f"\"content\".", f"messages[{i}].content")
-        msg = {"role": role, "content": _content(m.get("content"), i, role)}
+        msg = {"role": role, "content": _content(m.get("content"), i, role, budget)}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
         if role == "assistant" and isinstance(m.get("reasoning_content"), str):
@@ -365,11 +382,11 @@ def parse_logprobs(body: dict) -> Optional[int]:
     return (top or 0) if on else None
 
 
-def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int) -> ApiRequest:
+def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int, pictures: bool = True) -> ApiRequest:
     from .api_structured import response_format
 
     req = parse_common(body, CHAT_FIELDS, settings, max_depth, max_tokens_default)
-    req.messages = parse_messages(body.get("messages"))
+    req.messages = parse_messages(body.get("messages"), settings, pictures)
     req.tools, forced = parse_tools(body)
     req.grammar = one_grammar(response_format(body.get("response_format")), forced)
     req.enable_thinking = parse_thinking(body)

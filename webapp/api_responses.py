@@ -74,7 +74,9 @@ class ResponseStore:
 
 
 # --- requests ----------------------------------------------------------------------------
-def _content_text(content: Any, where: str) -> str:
+def _content_text(content: Any, where: str, images: bool = False):
+    """Text parts -> their text; with `images` (a user's message) input_image parts stay, as the
+    chat parts parse_messages decodes (base64 data: URLs only)."""
     if isinstance(content, str):
         return clean_text(content)
     if not isinstance(content, list):
@@ -82,11 +84,17 @@ def _content_text(content: Any, where: str) -> str:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images:
+            out.append(part)
+            continue
         if kind not in ("input_text", "output_text", "text"):
-            raise bad_request(f"{where}[{j}] has type {json.dumps(kind)[:30]}: this model reads text only "
-                              f"(input_text parts).", where, code="unsupported_content")
-        out.append(_string(part.get("text"), f"{where}[{j}].text", where))
-    return "".join(out)
+            raise bad_request(f"{where}[{j}] has type {json.dumps(kind)[:30]}: this message holds input_text parts"
+                              + (" and input_image parts (base64 data: URLs)" if images else "") + ".",
+                              where, code="unsupported_content")
+        out.append({"type": "text", "text": _string(part.get("text"), f"{where}[{j}].text", where)})
+    if all(p["type"] == "text" for p in out):
+        return "".join(p["text"] for p in out)
+    return out
 
 
 def to_chat(items: Any) -> List[dict]:
@@ -117,7 +125,7 @@ def to_chat(items: Any) -> List[dict]:
                 raise bad_request(f"{where}.role must be user, system, developer or assistant.", where)
             if item.get("content") is None:
                 raise bad_request(f"{where}.content is missing.", f"{where}.content")
-            text = _content_text(item["content"], f"{where}.content")
+            text = _content_text(item["content"], f"{where}.content", images=role == "user")
             if role == "assistant":
                 assistant()["content"] += text
             else:
@@ -185,7 +193,7 @@ def split_name(name: str, tools: Optional[List[dict]]) -> dict:
 
 
 def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_default: int,
-                            store: Optional[ResponseStore] = None) -> ApiRequest:
+                            store: Optional[ResponseStore] = None, pictures: bool = True) -> ApiRequest:
     check_fields(body, FIELDS)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -211,7 +219,8 @@ def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_def
             raise bad_request("'previous_response_id' must be a string.", "previous_response_id")
         history = (store or ResponseStore(0)).get(prev)
     new = to_chat(body["input"])
-    req.messages = parse_messages(([{"role": "system", "content": instructions}] if instructions else []) + history + new)
+    req.messages = parse_messages(([{"role": "system", "content": instructions}] if instructions else []) + history + new,
+                                  settings, pictures)
     keep = _bool(body, "store")
     req.conversation = {"stored": history + new, "store": keep is not False, "previous_response_id": prev,
                         "instructions": instructions}   # history + new: without the instructions, for the store

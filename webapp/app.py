@@ -19,6 +19,7 @@ from .idle import calm_queue  # noqa: E402
 from .literal import literal_user_text  # noqa: E402
 from .model import LONG_REPLY_PROMPT, ModelHost, describe_runtime  # noqa: E402
 from .params import depth_choices  # noqa: E402
+from .pictures import limits_text  # noqa: E402
 from .race import DEFAULT_REPEATS, MAX_REPEATS, RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
@@ -50,6 +51,7 @@ ELEMENT_IDS = {
     "system-prompt": "system prompt",
     "thinking": "reasoning switch (shown for templates with enable_thinking)",
     "race-prompt": "race prompt",
+    "race-image": "race picture, optional (shown for checkpoints with a vision tower)",
     "race-repeats": "number of races (median speedup)",
     "race-start": "start the race",
     "race-stop": "stop the race",
@@ -120,8 +122,16 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                                                        placeholder="Ask something. Replies stream with their speed and "
                                                                    "MTP acceptance underneath."))
                 with gr.Row(equal_height=True):
-                    msg = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)", show_label=False,
-                                     lines=1, max_lines=8, scale=6, elem_id="chat-input", autofocus=True)
+                    if chat.multimodal:   # paste, drop or pick pictures; without a tower no picture button at all
+                        msg = gr.MultimodalTextbox(placeholder="Message, or paste / drop a picture (Enter to send)",
+                                                   show_label=False, lines=1, max_lines=8, scale=6, elem_id="chat-input",
+                                                   autofocus=True, file_types=["image"], file_count="multiple",
+                                                   sources=["upload"], submit_btn=False,
+                                                   info=f"Pictures: {limits_text(host)}")
+                    else:
+                        msg = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                                         show_label=False, lines=1, max_lines=8, scale=6, elem_id="chat-input",
+                                         autofocus=True)
                     send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="chat-send")
                     stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="chat-stop")
                 with gr.Row():
@@ -135,6 +145,9 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                             "screen both have had the same compute time.")
                 with gr.Row(equal_height=True):
                     race_prompt = gr.Textbox(RACE_PROMPT, lines=2, label="Prompt", scale=6, elem_id="race-prompt")
+                    race_image = gr.Image(None, type="filepath", label="Picture (optional, both lanes)",
+                                          sources=["upload", "clipboard"], visible=chat.multimodal, scale=2,
+                                          height=140, elem_id="race-image")
                     repeats = gr.Number(DEFAULT_REPEATS, precision=0, minimum=1, maximum=MAX_REPEATS, label="Repeat N times", scale=1,
                                         min_width=100, elem_id="race-repeats")
                 with gr.Row():
@@ -172,7 +185,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
         # --- race events ----------------------------------------------------------------
         start.click(race.arm, None, start, queue=False, api_visibility="private").then(
-            race.race, [race_prompt, repeats] + sampler, [lane_ar, lane_mtp, race_stats, race_chart, race_json],
+            race.race, [race_prompt, repeats] + sampler + [race_image], [lane_ar, lane_mtp, race_stats, race_chart, race_json],
             api_name="race", show_progress="full", show_progress_on=[lane_ar, lane_mtp], **queue).then(
             lambda: gr.update(interactive=True), None, start, queue=False, api_visibility="private")
         race_stop.click(race.stop, None, None, queue=False, api_name="race_stop")
@@ -201,6 +214,11 @@ def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", p
     enabled, why_not = api_policy(host, auth, api_key)
     api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
                     cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
+    if getattr(model_host.adapter, "vision", None) is not None:   # room for the pictures a request may carry
+        st = model_host.settings
+        api.max_body += st.image_max_count * (st.image_max_bytes * 4 // 3 + 64)
+        api.body_note = (f" A request may carry {st.image_max_count} picture(s) of at most "
+                         f"{st.image_max_bytes / 1e6:.1f} MB each (PNG, JPEG, WebP, GIF or BMP, base64).")
     if keepalive is not None:
         api.keepalive = keepalive
     app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)

@@ -3,8 +3,9 @@
 History is a list of ``{"role", "content", "metadata"?}`` messages (Gradio 6 messages
 format, content as text blocks). Each reply is followed by a stats message: an assistant
 message whose ``metadata.title`` carries the figures; such messages never reach the prompt.
-Only text ever leaves these functions, so a crafted history cannot make the server serve
-a file.
+Only text ever leaves these functions, and a user's pictures as file blocks whose paths lie in
+Gradio's upload folder (webapp/pictures.py), so a crafted history cannot make the server serve
+or read any other file.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import gradio as gr
 
+from . import pictures
 from .inputs import clean_text, history_problem
 from .model import ModelHost
 from .params import ParamError, parse_params
@@ -57,12 +59,15 @@ def is_stats(msg: dict) -> bool:
 
 
 def clean_history(history: Optional[List[Any]]) -> List[dict]:
-    """Text-only copy of a history as a client sent it (drops files and unknown roles)."""
+    """A history as a client sent it, made safe: text, and a user's pictures only where they are
+    files this page uploaded (drops other files and unknown roles)."""
     out: List[dict] = []
     for m in history or []:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             continue
-        msg = {"role": m["role"], "content": block(clean_text(text_of(m.get("content"))))}
+        files = pictures.picture_paths(m.get("content")) if m["role"] == "user" else []
+        msg = {"role": m["role"], "content": [pictures.file_block(p) for p in files]
+               + block(clean_text(text_of(m.get("content"))))}
         meta = m.get("metadata")
         if isinstance(meta, dict) and meta.get("title"):
             msg["metadata"] = {k: clean_text(meta[k]) if isinstance(meta[k], str) else meta[k]
@@ -71,12 +76,29 @@ def clean_history(history: Optional[List[Any]]) -> List[dict]:
     return out
 
 
-def prompt_messages(history: List[dict], system_prompt: str) -> List[dict]:
+def prompt_messages(history: List[dict], system_prompt: str, picture=None) -> List[dict]:
+    """The messages the model reads; `picture(path)` -> a core.images.Picture puts a user's
+    pictures before their text (None: the text alone)."""
     msgs = [{"role": "system", "content": system_prompt.strip()}] if system_prompt and system_prompt.strip() else []
     for m in history:
-        if not is_stats(m):
+        if is_stats(m):
+            continue
+        paths = pictures.picture_paths(m["content"]) if picture is not None and m["role"] == "user" else []
+        if paths:
+            msgs.append({"role": m["role"], "content": [{"type": "image", "picture": picture(p)} for p in paths]
+                         + [{"type": "text", "text": text_of(m["content"])}]})
+        else:
             msgs.append({"role": m["role"], "content": text_of(m["content"])})
     return msgs
+
+
+def message_parts(message: Any) -> Tuple[str, List[str]]:
+    """(text, file paths) of what the chat box sends: a string, or the multimodal box's
+    {"text", "files"} (each file a path or Gradio's {"path": ...})."""
+    if isinstance(message, dict):
+        files = [f.get("path") if isinstance(f, dict) else f for f in message.get("files") or []]
+        return clean_text(message.get("text")), [f for f in files if isinstance(f, str)]
+    return clean_text(message), []
 
 
 class Reply:
@@ -138,12 +160,41 @@ class ChatHandlers:
     def key(self, request) -> str:
         return f"{session_of(request)}:chat"
 
+    @property
+    def multimodal(self) -> bool:
+        """The chat box takes pictures (the model has a vision tower)."""
+        return getattr(self.host.adapter, "vision", None) is not None
+
+    def box(self, text: str = ""):
+        """The chat box's value holding `text`."""
+        return {"text": text, "files": []} if self.multimodal else text
+
+    def picture_loader(self):
+        """Reads a history's pictures (each file once per reply)."""
+        seen = {}
+
+        def load(path):
+            if path not in seen:
+                seen[path] = pictures.read(path, self.host.settings.image_max_bytes)
+            return seen[path]
+        return load
+
     # --- checks before a reply: queued (only then do warnings reach the page), never behind
     # the model; a refusal raises, so the chain stops there and /respond never sees it ------
-    def refused_message(self, message: str, request) -> Optional[Tuple[str, str]]:
-        """(why, title) when Send must refuse ``message``; None when it may go."""
-        if not message.strip():
+    def refused_message(self, message: str, request, files=()) -> Optional[Tuple[str, str]]:
+        """(why, title) when Send must refuse ``message`` (with pictures `files`); None when it may go."""
+        if not message.strip() and not files:
             return "Type a message first.", "Nothing to send"
+        if files:
+            from core.chat import NO_TOWER
+            from core.images import ImageError
+
+            if not self.multimodal:
+                return ImageError(NO_TOWER).sentence(), "Picture refused"
+            try:
+                pictures.checked(list(files), self.host.settings)
+            except ImageError as exc:
+                return f"{exc.sentence()} Pictures: {pictures.limits_text(self.host)}.", "Picture refused"
         if self.stops.busy(self.key(request)):
             return "A reply is still being generated: wait for it or press Stop.", "Busy"
         too_long = self.host.too_long(message)
@@ -151,8 +202,9 @@ class ChatHandlers:
             return too_long, "Message too long"
         return None
 
-    def check_message(self, message: str, request: gr.Request = None) -> None:
-        refused = self.refused_message(clean_text(message), request)
+    def check_message(self, message, request: gr.Request = None) -> None:
+        text, files = message_parts(message)
+        refused = self.refused_message(text, request, files)
         if refused:
             raise refusal(*refused, where="send", warn=True)
 
@@ -161,13 +213,14 @@ class ChatHandlers:
             raise refusal("Nothing to regenerate yet.", "Nothing to regenerate", where="regenerate", warn=True)
 
     # --- un-queued steps (instant) ---------------------------------------------------
-    def submit(self, message: str, history, request: gr.Request = None) -> Tuple[str, List[dict]]:
-        history, message = clean_history(history), clean_text(message)
-        refused = self.refused_message(message, request)
+    def submit(self, message, history, request: gr.Request = None) -> Tuple[Any, List[dict]]:
+        history, (message, files) = clean_history(history), message_parts(message)
+        refused = self.refused_message(message, request, files)
         if refused:   # check_message let it through a moment ago, or a direct call
             raise refusal(*refused, where="submit")
         self.stops.arm(self.key(request))
-        return "", history + [{"role": "user", "content": block(message)}]
+        return self.box(), history + [{"role": "user", "content": [pictures.file_block(f) for f in files]
+                                       + block(message)}]
 
     def prepare_regenerate(self, history, request: gr.Request = None) -> List[dict]:
         history = until_last_question(clean_history(history))
@@ -181,11 +234,11 @@ class ChatHandlers:
         history = clean_history(history)
         last_user = max((i for i, m in enumerate(history) if m["role"] == "user"), default=None)
         if last_user is None:
-            return [], ""
-        return history[:last_user], text_of(history[last_user]["content"])
+            return [], self.box()
+        return history[:last_user], self.box(text_of(history[last_user]["content"]))
 
-    def clear(self) -> Tuple[List[dict], str]:
-        return [], ""
+    def clear(self) -> Tuple[List[dict], Any]:
+        return [], self.box()
 
     def clear_and_stop(self, request: gr.Request = None) -> Tuple[List[dict], str]:
         self.stop(request)
@@ -198,7 +251,9 @@ class ChatHandlers:
     def respond(self, history, mode, system_prompt, temperature, top_p, top_k, min_p,
                 max_tokens, seed, depth, thinking=None, request: gr.Request = None) -> Iterator[List[dict]]:
         """Stream the assistant's reply to the conversation, whose last message is the user's."""
-        problem = history_problem(history, text_of)     # as the client sent it
+        # as the client sent it; with a tower a message may be a picture alone
+        problem = history_problem(history, (lambda c: text_of(c) or ("(picture)" if pictures.picture_paths(c) else ""))
+                                  if self.multimodal else text_of)
         history, system_prompt = clean_history(history), clean_text(system_prompt)
         key = self.key(request)
         stop = self.stops.claim(key)
@@ -218,12 +273,18 @@ class ChatHandlers:
                 yield history + [assistant("(stopped before it started)", title="⏹ stopped")]
                 return
             from core import ContextError
+            from core.images import ImageError
 
+            load = self.picture_loader() if self.multimodal else None
             try:
-                fitted = self.host.fit(prompt_messages(history, system_prompt), params.max_tokens,
+                fitted = self.host.fit(prompt_messages(history, system_prompt, load), params.max_tokens,
                                        enable_thinking=None if thinking is None else bool(thinking))
             except ContextError as exc:
                 yield history + [assistant(str(exc), title="⚠️ too long for the model's context")]
+                return
+            except ImageError as exc:   # a picture gone from the upload folder, or one the limits refuse
+                yield history + [assistant(f"{exc.sentence()} Pictures: {pictures.limits_text(self.host)}.",
+                                           title="⚠️ picture refused")]
                 return
             if fitted.notice:
                 history = history + [assistant(fitted.notice, title="ℹ️ older messages left out")]
@@ -252,7 +313,7 @@ class ChatHandlers:
             if self.stops.closing:   # Ctrl+C / SIGTERM on the server (webapp/server.py)
                 out.append(assistant(self.stops.closing, title="⏹ server shutting down"))
             elif text and not fitted.dropped:   # the next turn then prefills only its new message
-                self.host.remember(prompt_messages(out, system_prompt),
+                self.host.remember(prompt_messages(out, system_prompt, load),
                                    enable_thinking=None if thinking is None else bool(thinking))
             yield out
         except gr.Error:

@@ -15,6 +15,7 @@ from .chat import session_of
 from .inputs import clean_text
 from .model import ModelHost
 from .params import ParamError, parse_params
+from .pictures import read as read_picture
 from .refusals import refusal
 from .render import (LANE_COLORS, SHORT_REPLY_TOKENS, LaneView, chart_svg, empty_lane_html, lane_html, median,
                      race_stats_html)
@@ -146,9 +147,10 @@ class RaceHandlers:
     def titles(self, depth) -> Tuple[str, str]:
         return "AR (plain decoding)", f"MTP (speculative, depth {depth})"
 
-    def race(self, prompt, repeats, temperature, top_p, top_k, min_p, max_tokens, seed, depth,
+    def race(self, prompt, repeats, temperature, top_p, top_k, min_p, max_tokens, seed, depth, image=None,
              request: gr.Request = None) -> Iterator[tuple]:
-        """Yields (AR lane html, MTP lane html, stats html, chart html, summary dict)."""
+        """Yields (AR lane html, MTP lane html, stats html, chart html, summary dict). `image`: the
+        path of a picture the page uploaded, the same one in both lanes' prompt."""
         prompt = clean_text(prompt)
         key = self.key(request)
         stop = self.stops.claim(key)
@@ -158,10 +160,18 @@ class RaceHandlers:
                                             max_tokens, seed, depth)
             from core import ContextError
 
+            from core.images import ImageError
+
             try:
-                ids = self.host.prompt_ids([{"role": "user", "content": str(prompt)}], max_tokens=params.max_tokens)
+                content = str(prompt)
+                if image:   # webapp/pictures.py reads only what this page uploaded
+                    content = [{"type": "image", "picture": read_picture(image, self.host.settings.image_max_bytes)},
+                               {"type": "text", "text": content}]
+                ids = self.host.prompt_ids([{"role": "user", "content": content}], max_tokens=params.max_tokens)
             except ContextError as exc:
                 raise refusal(str(exc), "Prompt too long", where="/race") from None
+            except ImageError as exc:
+                raise refusal(exc.sentence(), "Picture refused", where="/race") from None
             # Both lanes start from one cached state of the prompt (all but its last token),
             # made here off both clocks: neither lane's first token pays for the other's prefill.
             from core.stream import PrefillStopped

@@ -5,7 +5,8 @@
 off when the UI is shared without one). Guards sit in front of everything: Gradio's own
 routes answer only requests whose Host and Origin name this machine (no DNS rebinding, no
 cross-site use of a visitor's browser), failed sign-ins are throttled per client address,
-and file uploads are refused (the app takes none). uvicorn runs on a thread of ours; the main thread waits for Ctrl+C / SIGTERM, stops
+and file uploads are refused (the app takes none), except a chat's pictures when the model has
+a vision tower (within the pictures' byte budget). uvicorn runs on a thread of ours; the main thread waits for Ctrl+C / SIGTERM, stops
 every decode within a cycle, and ends the process with ``os._exit(0)``: MLX's threads
 must not be torn down by the interpreter's exit (see worker.py).
 """
@@ -39,15 +40,38 @@ async def _send_json(send, status: int, body: dict, headers: Tuple[Tuple[bytes, 
 
 
 class RefuseUploads:
-    """The app has no file inputs: ``/gradio_api/upload`` gets 403 before its body is read."""
+    """Without a vision tower the app has no file inputs: ``/gradio_api/upload`` gets 403 before
+    its body is read. With one (`max_bytes`: what a message's pictures may weigh, with the form's
+    overhead) a larger upload gets 413, by its Content-Length or, without one, as it streams."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, max_bytes: Optional[int] = None):
+        self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].rstrip("/") in UPLOAD_PATHS:
+        if scope["type"] != "http" or scope["path"].rstrip("/") not in UPLOAD_PATHS:
+            return await self.app(scope, receive, send)
+        if self.max_bytes is None:
             return await _send_json(send, 403, {"detail": "This app takes no file uploads."})
-        return await self.app(scope, receive, send)
+        too_big = {"detail": f"Pictures are at most {self.max_bytes // 2**20} MiB an upload."}
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length and (not length.isdigit() or int(length) > self.max_bytes):
+            return await _send_json(send, 413, too_big)
+        seen = 0
+
+        async def bounded():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise ValueError("upload over its budget")
+            return message
+
+        try:
+            return await self.app(scope, bounded, send)
+        except ValueError:
+            if seen > self.max_bytes:
+                return await _send_json(send, 413, too_big)
+            raise
 
 
 class SameHostOnly:
@@ -166,7 +190,9 @@ def build_server(model_host, demo, *, auth=None, api=None, network: bool = False
     from .render import CSS
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(RefuseUploads)
+    st = getattr(model_host, "settings", None)
+    pictures = getattr(getattr(model_host, "adapter", None), "vision", None) is not None and st is not None
+    app.add_middleware(RefuseUploads, max_bytes=st.image_max_count * st.image_max_bytes + 2**20 if pictures else None)
     app.add_middleware(LoginThrottle)
     app.add_middleware(SameHostOnly, network=network)
     if cors_origins:       # outermost: a preflight carries no key and must be answered as such

@@ -98,10 +98,14 @@ class Gemma4Adapter:
             out = mx.tanh(out / self.softcap) * self.softcap
         return out
 
+    vision = None   # no vision tower: core never passes pictures (core.chat refuses them first)
+
     def forward(self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False,
-                fast: bool = True) -> Tuple[mx.array, mx.array, Optional[Captured]]:
+                fast: bool = True, images=()) -> Tuple[mx.array, mx.array, Optional[Captured]]:
         """tokens [B, T] -> logits [B, T or 1, V], the post-norm hidden [B, T, H] (what the drafter
         reads). One path for every width: `fast` changes nothing here."""
+        if images:
+            raise ValueError("this model has no vision tower")
         h = self.inner(tokens, cache=cache)
         logits = self.lm_head(h if all_logits else h[:, -1:])
         return logits, h, (Captured(tokens.shape[1]) if capture else None)

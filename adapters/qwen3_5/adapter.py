@@ -32,6 +32,13 @@ class Captured:
     gdn: dict = field(default_factory=dict)
 
 
+class TrunkCache(list):
+    """mlx-lm's per-layer caches, plus the rope delta: after a picture, a token's position is its
+    index plus this (Qwen's multimodal RoPE, adapters/qwen3_5/vision.py); 0 for text only."""
+
+    rope_delta = 0
+
+
 def _own(a):
     """A new array object over the same data (a view, no copy). Two caches restored from one
     snapshot must not hold the same object: KVCache writes `keys[..., i:j, :] = new`, which rebinds
@@ -45,7 +52,7 @@ class HybridAdapter:
 
     def __init__(self, family: str, path: Path, model, tokenizer, config: dict, contract: MTPContract,
                  head, compute_dtype: str, backend: Backend, *, inner, output, tied: bool, project,
-                 context_length: int, notes: Tuple[str, ...] = ()):
+                 context_length: int, notes: Tuple[str, ...] = (), vision=None):
         self.family = family
         self.path = path
         self.model = model            # the mlx-lm model (for benchmarks against mlx_lm itself)
@@ -59,6 +66,7 @@ class HybridAdapter:
         self.context_length = context_length
         self.vocab_size = contract.vocab_size
         self.notes = notes            # said at load (e.g. what a quantized MoE head costs)
+        self.vision = vision          # the vision tower (vision.Vision) or None: the model reads text only
         self._output, self.tied = output, tied  # tied: the output projection is the embedding table
         self.stack = Stack(
             layers=[GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear else AttnParams(l, MlpParams.of(l.mlp))
@@ -76,8 +84,8 @@ class HybridAdapter:
         self._pre_norm = contract.hidden_variant == "pre_norm"
 
     # -- caches -------------------------------------------------------------------------
-    def make_cache(self) -> list:
-        return self.model.make_cache()
+    def make_cache(self) -> TrunkCache:
+        return TrunkCache(self.model.make_cache())
 
     def make_draft(self, cache: list) -> KVCache:
         """The MTP head's own KV history (positions it has seen, from the trunk's hidden states)."""
@@ -96,17 +104,42 @@ class HybridAdapter:
         return run.lm_head(self._output, self.tied, x)
 
     def forward(self, tokens: mx.array, cache: list, *, all_logits: bool = True, capture: bool = False,
-                fast: bool = True) -> Tuple[mx.array, mx.array, Optional[Captured]]:
+                fast: bool = True, images=()) -> Tuple[mx.array, mx.array, Optional[Captured]]:
         """tokens [B, T] -> logits [B, T or 1, V], hidden [B, T, H] (the contract's variant).
 
         fast=False keeps the long-forward path even for a few tokens: prefill does, so that a
-        prompt gives the same state however it is split into chunks (prefix cache or not)."""
+        prompt gives the same state however it is split into chunks (prefix cache or not).
+        `images`: the pictures (core.images.ImageSpan, positions in the prompt) wholly inside
+        these tokens: their tower output replaces the image tokens' embeddings, at their grid's
+        multimodal positions (vision.py)."""
+        before = getattr(cache, "rope_delta", 0)
+        x, pos = self.inner.embed_tokens(tokens), None
+        if images:
+            x, pos, after = self._with_pictures(x, cache, images)
+            fast = False
         run = self.backend.runner(tokens.shape, fast)
-        h, gdn = layers.run_trunk(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), cache, capture)
+        h, gdn = layers.run_trunk(run, self.stack, run.enter(x), cache, capture, delta=before, pos=pos)
+        if images:
+            cache.rope_delta = after
         post = run.final_norm(self.inner.norm, h)
         logits = self.lm_head(post if all_logits else post[..., -1:, :], run)
         return (run.leave(logits), run.leave(h if self._pre_norm else post),
                 Captured(tokens.shape[1], gdn) if capture else None)
+
+    def _with_pictures(self, x: mx.array, cache: list, images):
+        """Embeddings [1, T, H] with each picture's tower output in place, the chunk's positions
+        as a RoPE table, and the rope delta after it."""
+        if self.vision is None:
+            raise ValueError("this model has no vision tower")
+        start = next(c.offset for c in cache if isinstance(c, KVCache))
+        T = x.shape[1]
+        parts, i = [], start
+        for s in images:
+            parts += [x[:, i - start : s.start - start], self.vision.embed(s)[None].astype(x.dtype)]
+            i = s.end
+        parts.append(x[:, i - start :])
+        pos, delta = self.vision.positions(start, T, getattr(cache, "rope_delta", 0), images)
+        return mx.concatenate(parts, axis=1), self.vision.rope_table(pos), delta
 
     def forward_batch(self, tokens: mx.array, caches: list, *, capture: bool = False):
         """tokens [B, T] of B sequences, caches[b] the b-th one's -> (logits [B, T, V],
@@ -116,7 +149,8 @@ class HybridAdapter:
             logits, hidden, cap = self.forward(tokens, caches[0], capture=capture)
             return logits, hidden, [cap]
         run = self.backend.batch
-        h, gdn = layers.run_trunk_batch(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), caches, capture)
+        h, gdn = layers.run_trunk_batch(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), caches, capture,
+                                        deltas=[getattr(c, "rope_delta", 0) for c in caches])
         post = run.final_norm(self.inner.norm, h)
         logits = self.lm_head(post, run)
         return (run.leave(logits), run.leave(h if self._pre_norm else post),
@@ -144,7 +178,9 @@ class HybridAdapter:
     def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True) -> mx.array:
         """hidden [B, T, H] at positions n, next_tokens [B, T] = t[n+1] -> g [B, T, H].
 
-        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden."""
+        lm_head(g) predicts t[n+2]; g is also what depth > 1 feeds back as its hidden. The head's
+        positions are token indices, also after a picture (no rope delta: its own history stays
+        consistent, as mlx-vlm's qwen3_5 MTP drafter does); they touch acceptance, never exactness."""
         run = self.backend.runner(hidden.shape, fast)
         x = run.head_input(self.head, run.enter(hidden), run.enter(self.inner.embed_tokens(next_tokens)))
         mask, _ = run.masks(x, mtp_cache, None)
@@ -192,6 +228,8 @@ class HybridAdapter:
                     if c[j] is not None:
                         arrays[f"trunk.{i}.{part}"] = c[j]
         kv("draft", draft)
+        if getattr(cache, "rope_delta", 0):
+            meta["rope_delta"] = cache.rope_delta
         return State(arrays, meta)
 
     def restore(self, state: State, cache: list, draft: KVCache) -> None:
@@ -203,6 +241,7 @@ class HybridAdapter:
             else:
                 c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
         draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
+        cache.rope_delta = int(meta.get("rope_delta", 0))
 
     # -- for people --------------------------------------------------------------------------
     def describe(self) -> str:
@@ -217,4 +256,5 @@ class HybridAdapter:
             f"({c.layer_kinds.count('linear')} Gated-DeltaNet + {c.layer_kinds.count('full')} attention), "
             f"hidden {c.hidden_size}, vocab {c.vocab_size}, {trunk}, {head} ({c.mtp_tensor_count} tensors, "
             f"{c.layout}), hidden variant {c.hidden_variant}, compute {self.compute_dtype}, backend {self.backend.name}"
+            + (f"; {self.vision.describe()}" if self.vision is not None else "; text only (no vision tower)")
         )

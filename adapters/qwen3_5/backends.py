@@ -65,6 +65,13 @@ def _metal_kernel_fits(k: mx.array) -> bool:
 _recurrence = mx.compile(gdn.recurrence)  # a verify's positions as one graph, every state kept
 
 
+def rope_table(p: AttnParams, x, cos, sin):
+    """RoPE from a table: cos, sin [S, dims/2], mlx's non-traditional layout (halves)."""
+    half = p.rope_dims // 2
+    x1, x2, rest = x[..., :half], x[..., half : p.rope_dims], x[..., p.rope_dims :]
+    return mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+
+
 class MlxOps:
     """MLX's own ops, run eagerly: the same ops in the same order as mlx-lm's modules."""
 
@@ -131,6 +138,8 @@ class MlxOps:
         return mx.concatenate(ys, axis=1), states
 
     def rope(self, p: AttnParams, x, offset):
+        if isinstance(offset, tuple):   # a RoPE table: a chunk with a picture's multimodal positions
+            return rope_table(p, x, *offset)
         if isinstance(offset, mx.array) and offset.ndim == 1 and type(p.attn.rope) is not nn.RoPE:
             # A batch at per-row positions; only mx.fast.rope (nn.RoPE) takes a vector of offsets.
             return mx.concatenate([p.attn.rope(x[b:b + 1], offset=o) for b, o in enumerate(offset.tolist())])
@@ -228,10 +237,7 @@ class CpuCompiled(MlxOps):
         return gdn.recurrence(q, k, v, g, beta, state)
 
     def rope(self, p: AttnParams, x, pos):
-        cos, sin = pos  # [S, dims/2]; mlx's non-traditional layout (halves)
-        half = p.rope_dims // 2
-        x1, x2, rest = x[..., :half], x[..., half : p.rope_dims], x[..., p.rope_dims :]
-        return mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+        return rope_table(p, x, *pos)
 
     def positions(self, offset: int, S: int):
         return self._table(mx.array(offset, dtype=mx.int32), self._aranges[S])

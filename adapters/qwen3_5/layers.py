@@ -217,13 +217,16 @@ class Stack:
     ssm_idx: int                 # first Gated-DeltaNet layer
 
 
-def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool) -> Tuple[mx.array, Dict[int, tuple]]:
+def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta: int = 0,
+              pos=None) -> Tuple[mx.array, Dict[int, tuple]]:
     """h [B, S, H] (or [S, H]) embeddings through every layer with `run` (a backend's runner),
     updating the cache; returns the last hidden (before the final norm) and, when capturing, per
-    Gated-DeltaNet layer (conv_input [B, K-1+S, C], states)."""
+    Gated-DeltaNet layer (conv_input [B, K-1+S, C], states). Positions are the cache's offset plus
+    `delta` (the rope delta after a picture), or `pos` when given (a RoPE table (cos, sin): a
+    chunk with a picture's multimodal positions)."""
     S = h.shape[-2]
     fa_mask, ssm_mask = run.masks(h, cache[stack.fa_idx], cache[stack.ssm_idx])
-    pos, captured = None, {}
+    captured = {}
     for i, (p, c) in enumerate(zip(stack.layers, cache)):
         if isinstance(p, GdnParams):
             B = h.shape[0] if h.ndim == 3 else 1
@@ -238,7 +241,7 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool) -> Tup
                 captured[i] = (conv_input, states)
         else:
             if pos is None:  # every attention layer of one forward is at the same positions
-                pos = run.positions(c.offset, S)
+                pos = run.positions(c.offset + delta, S)
             h = attend(run, p, h, c, pos, fa_mask)
     return h, captured
 
@@ -254,7 +257,7 @@ def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -
     return run.attention_out(p, x, run.sdpa(q, k, v, p.scale, mask, cache), gate, final_norm)
 
 
-def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture: bool
+def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture: bool, deltas=None
                     ) -> Tuple[mx.array, List[Dict[int, tuple]]]:
     """Several sequences, each with its own cache, through the trunk in one pass: h [B, S, H].
 
@@ -279,7 +282,8 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                     captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states])
         else:
             if pos is None:
-                pos = run.positions(mx.array([c.offset for c in cs], dtype=mx.int32), S)
+                pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
+                                             dtype=mx.int32), S)
             q, k, v, gate = run.attention_in(p, h, pos)
             outs = []
             for b, c in enumerate(cs):

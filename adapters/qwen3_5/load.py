@@ -191,6 +191,13 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
     for note in notes:
         options.log(note)
 
+    from . import vision as vision_tower
+
+    tower = vision_tower.load(path, config, tc, tokenizer, compute_dtype, options.image_max_pixels)
+    if tower is None and config.get("vision_config"):
+        options.log("config.json has a vision_config but the shards hold no tower (a text-only conversion): "
+                    "pictures are refused")
+
     layer_kinds = tuple("linear" if l.is_linear else "full" for l in inner.layers)
     contract = MTPContract(
         hidden_size=tc["hidden_size"],
@@ -214,5 +221,5 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
     return HybridAdapter(
         family.name, path, model, tokenizer, config, contract, head, compute_dtype, backend,
         inner=inner, output=output, tied=tied, project=family.project,
-        context_length=int(tc.get("max_position_embeddings") or 4096), notes=tuple(notes),
+        context_length=int(tc.get("max_position_embeddings") or 4096), notes=tuple(notes), vision=tower,
     )
