@@ -501,7 +501,9 @@ class CompiledGpuKernels(GpuKernels):
         return out[0], keep, list(out[2:]), (out[1] if capture else None)
 
     def attention_in(self, p: AttnParams, x, pos):
-        if pos.ndim:  # a batch at per-row positions (run_trunk_batch): RoPE may read them on the host
+        if not isinstance(pos, mx.array) or pos.ndim:
+            # a RoPE table (a chunk with a picture) or a batch at per-row positions (RoPE may read
+            # them on the host): eagerly
             return super().attention_in(p, x, pos)
         return self._fn((id(p), "in"), lambda: lambda x, pos: layers.attention_in(self, p, x, pos))(x, pos)
 
