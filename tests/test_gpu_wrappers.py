@@ -556,3 +556,28 @@ def test_the_attention_kernel_is_wired_as_its_reference(tiny_checkpoint, monkeyp
     ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=16)
     for depth in (1, 2, 3):
         assert SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=16)[0] == ar, depth
+
+
+def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_row_variant_one(monkeypatch):
+    """kernels.check_fused_gdn / check_attention (run at load once the kernels are on) with each
+    kernel's reference in its place pass; a kernel whose row depends on its neighbours fails."""
+    from adapters.kernels import cuda_attention, gdn_fused
+
+    monkeypatch.setattr(gdn_fused, "gdn_fused", gdn_fused.reference)
+    monkeypatch.setattr(cuda_attention, "gated_attention", cuda_attention.reference)
+    assert kernels.check_fused_gdn() is None
+    assert kernels.check_attention() is None
+
+    def row_variant(q, k, v, gate, scale):  # a row that sees one key less when it travels alone
+        y = cuda_attention.reference(q, k, v, gate, scale)
+        return y if q.shape[2] > 1 else cuda_attention.reference(q, k[:, :, :-1], v[:, :, :-1], gate, scale)
+
+    monkeypatch.setattr(cuda_attention, "gated_attention", row_variant)
+    assert "changes with the rows beside it" in kernels.check_attention()
+
+    def position_variant(proj, *args):  # a decode step that rounds its output once more
+        y, conv_input, states = gdn_fused.reference(proj, *args)
+        return (y if proj.shape[1] > 1 else (y.astype(mx.float32) * 1.01).astype(y.dtype)), conv_input, states
+
+    monkeypatch.setattr(gdn_fused, "gdn_fused", position_variant)
+    assert "changes with the positions beside it" in kernels.check_fused_gdn()

@@ -1,6 +1,8 @@
 """Kernels any family can use, and the check that they work on this machine.
 
 - `cuda_qmm`: a quantized matmul for 1-8 rows on CUDA (the few-row verify and decode steps);
+- `gdn_fused`: a Gated-DeltaNet layer's middle (conv to gated norm) as one CUDA launch;
+- `cuda_attention`: a few query rows' attention over the KV cache with the output gate, on CUDA;
 - `gdn`: the Gated-DeltaNet recurrence keeping every state (the reference as MLX ops, and one
   kernel launch for T <= 8 positions on CUDA and Metal);
 - `cpu_attention`: causal attention of a prefill chunk over a long cache on MLX's CPU backend.
@@ -15,11 +17,65 @@ from typing import Optional
 
 import mlx.core as mx
 
-from . import cpu_attention, cuda_qmm, gdn
+from . import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused
 from .cuda_qmm import cuda_available
 
 
-def self_check(backend: str, seed: int = 0, row_kernel: bool = True) -> Optional[str]:
+def _rel(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return float(mx.abs(a - b).max()) / max(float(mx.abs(b).max()), 1e-30)
+
+
+def check_fused_gdn(seed: int = 0) -> Optional[str]:
+    """gdn_fused against its reference, and 3 positions together == one at a time (bit for bit)."""
+    Hk, Hv, Dk, Dv, K, T = 2, 4, 32, 32, 4, 3
+    C, dt = 2 * Hk * Dk + Hv * Dv, mx.bfloat16
+    ks = mx.random.split(mx.random.key(seed), 7)
+    proj = mx.random.normal((1, T, C + Hv * Dv + 2 * Hv), key=ks[0]).astype(dt)
+    window = (mx.random.normal((1, K - 1, C), key=ks[1]) * 0.5).astype(dt)
+    conv_w = (mx.random.normal((C, K), key=ks[2]) * 0.5).astype(dt)
+    neg_a = -mx.random.uniform(0.5, 2.0, (Hv,), key=ks[3])
+    dt_bias = mx.random.normal((Hv,), key=ks[4]).astype(dt)
+    norm_w = (1 + 0.1 * mx.random.normal((Dv,), key=ks[5])).astype(dt)
+    state = mx.random.normal((1, Hv, Dv, Dk), key=ks[6]) * 0.1
+    args = ((C, C + Hv * Dv, C + Hv * Dv + Hv), conv_w, neg_a, dt_bias, norm_w, gdn_fused.consts(Dk, 1e-6))
+    dims = (Hk, Hv, Dk, Dv, K)
+    y, conv_input, states = gdn_fused.gdn_fused(proj, args[0], window, *args[1:], state, dims)
+    y_ref, input_ref, states_ref = gdn_fused.reference(proj, args[0], window, *args[1:], state, dims)
+    err = max(_rel(y, y_ref), *(_rel(a, b) for a, b in zip(states, states_ref)))
+    if not (err < 0.02 and bool(mx.array_equal(conv_input, input_ref))):
+        return f"the fused Gated-DeltaNet kernel differs from its reference by {err:.2e}"
+    st = state
+    for t in range(T):
+        y1, input1, (st,) = gdn_fused.gdn_fused(proj[:, t:t + 1], args[0], window, *args[1:], st, dims)
+        if not (bool(mx.array_equal(y1[:, 0], y[:, t])) and bool(mx.array_equal(st, states[t]))):
+            return f"the fused Gated-DeltaNet kernel's position {t} changes with the positions beside it"
+        window = input1[:, 1:]
+    return None
+
+
+def check_attention(seed: int = 0) -> Optional[str]:
+    """cuda_attention against its reference, and 3 rows together == each alone (bit for bit)."""
+    nh, nkv, hd, S, L = 4, 2, 128, 200, 3  # two key chunks
+    ks = mx.random.split(mx.random.key(seed), 4)
+    buf = [mx.random.normal((1, nkv, 256, hd), key=ks[i]).astype(mx.bfloat16) for i in (0, 1)]
+    k, v = buf[0][:, :, :S], buf[1][:, :, :S]  # views, as the cache hands them out
+    q = mx.random.normal((1, nh, L, hd), key=ks[2]).astype(mx.bfloat16)
+    gate = mx.random.normal((1, L, nh * hd), key=ks[3]).astype(mx.bfloat16)
+    y = cuda_attention.gated_attention(q, k, v, gate, hd**-0.5)
+    err = _rel(y, cuda_attention.reference(q, k, v, gate, hd**-0.5))
+    if not err < 0.02:
+        return f"the attention kernel differs from its reference by {err:.2e}"
+    for i in range(L):
+        n = S - L + i + 1
+        alone = cuda_attention.gated_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], gate[:, i:i + 1], hd**-0.5)
+        if not bool(mx.array_equal(alone, y[:, i:i + 1])):
+            return f"the attention kernel's row {i} changes with the rows beside it"
+    return None
+
+
+def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,
+               fused_attention: bool = False) -> Optional[str]:
     """Run the kernels once against plain ops; None if they agree, else why not.
 
     A kernel that fails to compile or disagrees must not silently decode: the adapter falls
@@ -54,9 +110,17 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True) -> Optional
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)
         err = max(float(mx.abs(y - y_ref).max()),
                   *(float(mx.abs(a - b).max()) for a, b in zip(states, states_ref)))
-        return None if err < 1e-4 else f"the Gated-DeltaNet kernel differs from the ops path by {err:.2e}"
+        if not err < 1e-4:
+            return f"the Gated-DeltaNet kernel differs from the ops path by {err:.2e}"
+        if backend == "cuda" and fused_gdn:
+            why = check_fused_gdn(seed)
+            if why:
+                return why
+        if backend == "cuda" and fused_attention:
+            return check_attention(seed)
+        return None
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["cpu_attention", "cuda_qmm", "gdn", "cuda_available", "self_check"]
+__all__ = ["cpu_attention", "cuda_attention", "cuda_qmm", "gdn", "gdn_fused", "cuda_available", "self_check"]

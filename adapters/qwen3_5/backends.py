@@ -622,9 +622,16 @@ def kernel_backend(device=None, cuda: Optional[bool] = None, kernels_on: bool = 
     return "metal" if mx.metal.is_available() else None
 
 
+# The fused Gated-DeltaNet middle and the few-row attention kernel: written, checked on the CPU
+# through their references, not yet run on a GPU (docs/bench/2026-12-02/GPU.md). When on, the
+# load-time check covers them too.
+FUSED_GDN = False
+FUSED_ATTENTION = False
+
+
 @lru_cache(maxsize=None)
 def _verdict(backend: str) -> Optional[str]:
-    return kernels.self_check(backend)
+    return kernels.self_check(backend, fused_gdn=FUSED_GDN, fused_attention=FUSED_ATTENTION)
 
 
 _checked_once: set = set()
@@ -664,7 +671,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     if kb is not None:
         why, said = _checked(kb)
         if why is None:
-            few = CompiledGpuKernels(kb) if compiled and kb == "cuda" else GpuKernels(kb)
+            runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
+            few = runner(kb, fused_gdn=FUSED_GDN, fused_attention=FUSED_ATTENTION)
             return Backend(f"{kb}-kernels", few, MlxOps(), note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
