@@ -61,14 +61,13 @@ class Exactness:
     def describe(self) -> str:
         """One line for the start-up banner."""
         return (f"greedy MTP = AR {_verdict(self.verify_vs_steps, 'a verify', 'the decode steps')}; "
-                f"batched replies = alone {_verdict(self.batched, 'batched rows', 'lone rows')}")
+                f"batched replies = alone {_verdict(self.batched, 'a batch', 'each sequence alone')}")
 
 
 def _verdict(a: Agreement, rows: str, other: str) -> str:
     if a.exact:
-        return f"bit for bit on this machine ({rows} equal {other})"
-    return (f"up to ties on this machine ({rows} and {other} are {a.max_diff:.1e} apart, float32 "
-            f"rounding: tokens equal unless two logits tie within that)")
+        return f"bit for bit on this machine ({rows} rounds as {other})"
+    return f"up to ties on this machine ({rows} {a.max_diff:.1e} from {other}: tokens equal unless two logits tie within that)"
 
 
 def probe(adapter, widths: Sequence[int] = (2, 3, 4), sequences: int = 3) -> Exactness:

@@ -65,3 +65,13 @@ def tie_free_length(adapter, prompt, tokens, tol: float = ROUNDING) -> int:
     top2 = mx.topk(rows, 2, axis=-1)
     gaps = (mx.max(top2, axis=-1) - mx.min(top2, axis=-1)).tolist()
     return next((i for i, g in enumerate(gaps) if g <= tol), len(tokens) + 1)
+
+
+def tie_free(adapter, prompt, max_tokens: int, tol: float = ROUNDING) -> bool:
+    """Whether the greedy AR reply to `prompt` meets no near-tie: then every computation within
+    rounding of it (the MTP lane, a batch) gives that reply on every machine. For replies compared
+    as text through the app, which asserts their equality where this holds."""
+    from core import AutoregressiveDecoder, SamplerConfig
+
+    ref, _ = AutoregressiveDecoder(adapter, sampler=SamplerConfig(temperature=0)).generate(prompt, max_tokens=max_tokens)
+    return tie_free_length(adapter, prompt, ref, tol) > len(ref)

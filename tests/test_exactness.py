@@ -33,7 +33,7 @@ def test_the_banner_line_names_each_outcome():
     assert both.count("bit for bit on this machine") == 2 and "ties" not in both
     batch_off = Exactness(exact, off, exact).describe()
     assert batch_off.startswith("greedy MTP = AR bit for bit") and "batched replies = alone up to ties" in batch_off
-    assert "6.7e-06 apart" in batch_off
+    assert "6.7e-06 from each sequence alone" in batch_off
     assert "greedy MTP = AR up to ties" in Exactness(off, exact, exact).describe()
 
 
