@@ -63,7 +63,8 @@ class Settings(BaseSettings):
     compiled: bool = True
     gpu_kernels: bool = True
     # Continuous batching (webapp/batching.py, core/batch.py): requests decode together, each
-    # exactly as alone. max_batch sequences at once (1: one at a time); max_batched_tokens caps
+    # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
+    # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps
     # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).
     max_batch: int = Field(1, ge=1, le=64)
     max_batched_tokens: int = Field(64, ge=1, le=4096)

@@ -7,14 +7,16 @@ import mlx.core as mx
 from core import AutoregressiveDecoder, PrefixCache, Prompt, SpeculativeDecoder, chat_prompt, history_prompt
 from core.stream import cache_history, prefill
 from tests._engine_helpers import GREEDY
+from tests._ties import assert_greedy_equal
 
 SYSTEM = {"role": "system", "content": "You are brief."}
 TURNS = ["What is the sea?", "And the moon?", "Why?", "Thanks."]
 
 
 def turns_through_the_cache(ad, depth: int):
-    """Greedy turns with and without the prefix cache give the same tokens, in both lanes;
-    returns the last turn's stats (how much came from the cache)."""
+    """Greedy turns with and without the prefix cache give the same tokens, in both lanes, up to
+    near-ties (a restore from a history snapshot prefills in other chunks than a fresh prompt:
+    tests/_ties.py); returns the last turn's stats (how much came from the cache)."""
     pc = PrefixCache(2**30)
     for kind in ("ar", "mtp"):
         msgs = [SYSTEM]
@@ -25,8 +27,8 @@ def turns_through_the_cache(ad, depth: int):
                    (lambda **kw: SpeculativeDecoder(ad, sampler=GREEDY, depth=depth, **kw))
             cached, stats = make(prefix_cache=pc).generate(prompt, max_tokens=16)
             fresh, _ = make().generate(prompt, max_tokens=16)
-            assert cached == fresh, (kind, turn)
-            msgs.append({"role": "assistant", "content": ad.tokenizer.decode(cached)})
+            assert_greedy_equal(ad, prompt, cached, fresh, what=f"{kind} {turn}")
+            msgs.append({"role": "assistant", "content": ad.tokenizer.decode(fresh)})
             cache_history(ad, history_prompt(ad, msgs), pc)
     return stats
 

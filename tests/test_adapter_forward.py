@@ -5,6 +5,7 @@ import pytest
 
 from adapters import load_adapter
 from tests._engine_helpers import load_modules_path
+from tests._ties import ROUNDING
 
 
 def _tokens(n, vocab, seed=0):
@@ -78,7 +79,7 @@ def _assert_caches_equal(a, b):
     out of 1-row ones, and OpenBLAS on some hosts (AVX-512, measured) rounds those differently
     in the last bit. A rollback that keeps a wrong position differs by far more (order 1)."""
     def same(x, y, what):
-        assert x.shape == y.shape and mx.allclose(x, y, rtol=1e-5, atol=1e-5).item(), what
+        assert x.shape == y.shape and mx.allclose(x, y, rtol=ROUNDING, atol=ROUNDING).item(), what
 
     for ca, cb in zip(a, b):
         if hasattr(ca, "offset"):  # attention KV cache

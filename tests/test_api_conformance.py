@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests._ties import tie_free
 from tests._webapp_helpers import make_host, served
 
 openai = pytest.importorskip("openai")
@@ -104,16 +105,19 @@ def test_lan_sharing_allows_addresses_but_not_foreign_names():
     assert same_host("localhost", "127.0.0.1") and not same_host("evil.example", "127.0.0.1")
 
 
-def test_chat_logprobs_are_the_same_in_both_lanes_and_streamed(client):
+def test_chat_logprobs_are_the_same_in_both_lanes_and_streamed(host, client):
     def ask(mode, **kw):
         return client.chat.completions.create(model=MODEL, messages=HI, max_tokens=12, temperature=0, logprobs=True,
                                               top_logprobs=3, extra_body={"mode": mode}, **kw)
 
     mtp, ar = ask("mtp"), ask("ar")
     lp_mtp, lp_ar = mtp.choices[0].logprobs.content, ar.choices[0].logprobs.content
-    assert len(lp_mtp) == mtp.usage.completion_tokens == len(lp_ar)
-    assert [e.token for e in lp_mtp] == [e.token for e in lp_ar]
-    assert all(abs(a.logprob - b.logprob) < 1e-3 for a, b in zip(lp_mtp, lp_ar))     # verify pass vs steps
+    assert len(lp_mtp) == mtp.usage.completion_tokens
+    # A verify pass and decode steps agree to rounding: the same tokens wherever the AR reply meets
+    # no near-tie (tests/_ties.py; on every machine seen so far it meets none).
+    if host.worker.call(tie_free, host.adapter, host.prompt_ids(HI), 12):
+        assert [e.token for e in lp_mtp] == [e.token for e in lp_ar]
+        assert all(abs(a.logprob - b.logprob) < 1e-3 for a, b in zip(lp_mtp, lp_ar))
     assert all(len(e.top_logprobs) == 3 and e.logprob <= e.top_logprobs[0].logprob + 1e-6 for e in lp_mtp)
     assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-5) for e in lp_mtp)   # greedy: the top
     streamed = [c for c in ask("mtp", stream=True) if c.choices and c.choices[0].logprobs]

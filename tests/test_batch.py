@@ -1,10 +1,15 @@
-"""Batched decoding (core/batch.py): every sequence of a batch gets exactly what it gets alone.
+"""Batched decoding (core/batch.py): every sequence of a batch gets what it gets alone.
 
 Greedy: 8 requests with different prompts and lengths, joining and leaving mid-way, token for
-token equal to the same request decoded alone, in both lanes and at depths 1-3. On this CPU a batched
-verify of the demo model is bit-identical to the lone one, a batched one-token step agrees to
-fp32 rounding (~1e-5: the several-row matmul kernel against the one-row one;
-test_batched_rows_agree_with_alone_to_rounding), so greedy equality holds except at near-ties. Sampled: a chi-square per sequence of a batch against the exact distribution."""
+token equal to the same request decoded alone, in both lanes and at depths 1-3, up to near-ties
+(tests/_ties.py). A batch's rows go through matmuls of B times the rows; on the CPU the BLAS
+may sum those in another order than a lone sequence's (on an AMD EPYC with OpenBLAS a batched
+verify of the demo model came out 6.7e-6 from the lone one; on other hosts bit for bit), so what
+holds on every machine is agreement to float32 rounding (test_batched_rows_agree_with_alone_to_rounding)
+and greedy tokens equal unless two logits tie within it. Where MLX's own kernels compute each row
+alike (bf16 and quantized matmuls on the CPU: no BLAS), batched equals alone with == , sampled
+replies with the same seed included. Sampled: a chi-square per sequence of a batch against the
+exact distribution."""
 import re
 from pathlib import Path
 import threading
@@ -17,9 +22,10 @@ from adapters import load_adapter
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
 from core.batch import Batch, Sequence
 from core.settings import DEMO_MODEL_DIR
-from core.stream import Prompt, prefill
+from core.exactness import probe
 from tests._engine_helpers import (MIXED, SURE, chi_square_pvalue, exact_joint, load_modules_path,
                                    make_mixed_head, marginal)
+from tests._ties import ROUNDING, assert_greedy_equal
 
 GREEDY = SamplerConfig(temperature=0)
 PROMPTS = [list(range(5, 25)), [100, 7, 300, 42], [3], list(range(200, 460, 3)), [9, 8, 7, 6, 5],
@@ -28,6 +34,12 @@ LENGTHS = [40, 25, 60, 33, 50, 45, 12, 36]
 # step -> requests that join then: three at the start, the rest while others decode (and after
 # some have left: request 6 is short)
 JOIN_AT = {0: [0, 1, 2], 3: [3], 5: [4, 6], 9: [5], 20: [7]}
+
+
+def assert_as_alone(adapter, prompts, batched, alone, what=""):
+    for i, (p, got, want) in enumerate(zip(prompts, batched, alone)):
+        assert_greedy_equal(adapter, p, got, want, what=f"{what} request {i}")
+    assert len(batched) == len(alone)
 
 
 def _decoder(adapter, mode, depth, sampler=GREEDY, seed=0):
@@ -63,44 +75,46 @@ def demo_adapter():
     return load_adapter(DEMO_MODEL_DIR)
 
 
+@pytest.fixture(scope="module")
+def bf16_adapter(tiny_checkpoint):
+    """What a GPU runs when its kernels are off (and around them when on): MLX's own ops in the
+    checkpoint's bf16, attention computed row by row (row_invariant, as backends.choose sets it on
+    a GPU), a batch's rows through the same `few` runner [B, S, H]. On the CPU no BLAS is in it:
+    MLX's quantized and bf16 matmuls compute each row alike whatever the row count, so batched
+    rows equal lone rows bit for bit on every machine."""
+    from adapters.qwen3_5.backends import Backend, MlxOps
+
+    adapter = load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **{**MIXED, "bits": 4, "dtype": "bfloat16"})),
+                           compiled=False, compute_dtype="native", log=lambda m: None)
+    adapter.backend = Backend("mlx", MlxOps(row_invariant=True), MlxOps())
+    assert adapter.forward(mx.array([[5, 6]]), adapter.make_cache())[1].dtype == mx.bfloat16
+    assert probe(adapter).batched.exact
+    return adapter
+
+
 @pytest.mark.parametrize("mode,depth", [("ar", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3)])
 @pytest.mark.parametrize("which", ["mixed_adapter", "mixed_modules"])
 def test_greedy_batched_equals_alone_with_joins_and_leaves(request, which, mode, depth):
     adapter = request.getfixturevalue(which)
     alone = [_decoder(adapter, mode, depth).generate(p, max_tokens=n)[0] for p, n in zip(PROMPTS, LENGTHS)]
     batched, sizes, seqs = run_batched(adapter, mode, depth)
-    assert batched == alone
+    assert_as_alone(adapter, PROMPTS, batched, alone)
     assert max(sizes) >= 5 and len(set(sizes)) > 3   # several together, the batch grew and shrank
     if mode == "mtp":
         stats = [s.last.stats for s in seqs.values()]
         assert sum(s.accepted for s in stats) > 0 and sum(s.proposed - s.accepted for s in stats) > 0
 
 
-def _rows_vs_alone(adapter, T):
-    """max |batched row - lone forward| over 4 sequences, logits and hidden, one token or a verify of T."""
-    caches = [[adapter.make_cache() for _ in PROMPTS[:4]] for _ in range(2)]
-    for group in caches:
-        for c, p in zip(group, PROMPTS[:4]):
-            prefill(adapter, Prompt(tuple(p)), c, None)
-    tokens = mx.array([[11 + b + t for t in range(T)] for b in range(4)])
-    logits, hidden, _ = adapter.forward_batch(tokens, caches[0], capture=T > 1)
-    worst = 0.0
-    for b in range(4):
-        lone, lone_h, _ = adapter.forward(tokens[b:b + 1], caches[1][b], capture=T > 1)
-        worst = max(worst, float(mx.abs(logits[b] - lone[0]).max()), float(mx.abs(hidden[b] - lone_h[0]).max()))
-    return worst
-
-
 def test_batched_rows_agree_with_alone_to_rounding(demo_adapter, mixed_adapter, mixed_modules):
-    """What "exact" rests on, measured: a batched verify (3 positions) of the 4-bit demo model
-    equals each lone verify bit for bit (MLX's quantized matmul takes both as several rows). A
-    batched one-token step does not: alone, 1 row goes through the one-row kernel (quantized
-    matvec; OpenBLAS's sgemv-like path for float weights), batched B rows through the several-row
-    one, which sums in another order: rows agree to ~1e-5 (fp32 rounding), so greedy outputs
-    match unless two logits tie within that (none on these prompts; the greedy tests above)."""
-    assert _rows_vs_alone(demo_adapter, 3) == 0.0
+    """What "as alone" rests on, measured with the app's own probe (core/exactness.py): a batched
+    verify and a batched one-token step of 3 sequences against each alone, and a verify against
+    the decode steps. Within float32 rounding on every machine; bit for bit on some (which one
+    this machine gives is what the start-up banner says, not something to assert: AVX-512
+    OpenBLAS rounds the demo's batched verify 6.7e-6 away, other hosts its one-token step)."""
     for adapter in (demo_adapter, mixed_adapter, mixed_modules):
-        assert 0.0 < _rows_vs_alone(adapter, 1) < 1e-4
+        found = probe(adapter)
+        for a in (found.verify_vs_steps, found.batched_verify, found.batched_step):
+            assert a.max_diff < ROUNDING, found
 
 
 def test_demo_model_batched_equals_alone(demo_adapter):
@@ -110,7 +124,7 @@ def test_demo_model_batched_equals_alone(demo_adapter):
     for mode, depth in (("ar", 0), ("mtp", 2)):
         alone = [_decoder(demo_adapter, mode, depth).generate(p, max_tokens=n)[0] for p, n in zip(prompts, lengths)]
         batched, sizes, _ = run_batched(demo_adapter, mode, depth, prompts, lengths, join_at)
-        assert batched == alone, mode
+        assert_as_alone(demo_adapter, prompts, batched, alone, mode)
         assert max(sizes) >= 4
 
 
@@ -138,7 +152,8 @@ def test_cancel_removes_only_that_sequence_within_one_step(mixed_adapter):
         for s, ev in batch.step().items():
             out[next(i for i, x in seqs.items() if x is s)] += ev.tokens
     for i in (0, 1, 3):
-        assert out[i] == _decoder(mixed_adapter, "mtp", 2).generate(PROMPTS[i], max_tokens=30)[0]
+        alone = _decoder(mixed_adapter, "mtp", 2).generate(PROMPTS[i], max_tokens=30)[0]
+        assert_greedy_equal(mixed_adapter, PROMPTS[i], out[i], alone, what=str(i))
     assert len(out[2]) < 30
 
 
@@ -196,7 +211,7 @@ def test_a_long_prompt_admitted_in_chunks_equals_alone(mixed_adapter, mode, dept
             assert new not in events
         if new in events:
             out += events[new].tokens
-    assert out == alone
+    assert_greedy_equal(mixed_adapter, long, out, alone)   # chunked prefill: rounds as any other chunking
     assert prefill_steps == 300 // 32   # the tenth chunk ends the prefill and gives the first token
 
     empty = Batch(mixed_adapter, prefill_chunk=32)
@@ -220,11 +235,15 @@ def test_a_newcomer_stopped_while_it_prefills_leaves(mixed_adapter):
     assert new not in batch.joining and new.cache is None and len(batch.running) == 1
 
 
-def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter):
+def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(bf16_adapter):
     """The AR lane's sequences are pipelined in a batch as the lane pipelines itself (the next
     step queued before this token is read): each draws its keys in the lane's order, and a
     grammar advances over the token in flight before its next mask. So sampled replies with
-    the same seed, and grammar-constrained ones, equal decoding alone, in both lanes."""
+    the same seed, and grammar-constrained ones, equal decoding alone, in both lanes, with ==:
+    on the bf16 path (bf16_adapter) a batch's rows are a lone sequence's bit for bit on every
+    machine. (Where rows round differently, as float32 through the BLAS may, a sampled draw can
+    flip wherever it falls within rounding of a boundary, which no near-tie of the logits shows.)"""
+    adapter = bf16_adapter
     from core import Constraint
     from core.constraints import lark_grammar
 
@@ -232,14 +251,14 @@ def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter)
     hot = SamplerConfig(temperature=1.0, top_p=0.95, top_k=20)
 
     def make(mode, k):
-        constraint = Constraint(mixed_adapter.tokenizer, words, mixed_adapter.contract.vocab_size) if k % 2 else None
+        constraint = Constraint(adapter.tokenizer, words, adapter.contract.vocab_size) if k % 2 else None
         sampler = hot if k < 4 else GREEDY
-        return (AutoregressiveDecoder(mixed_adapter, sampler=sampler, seed=k, constraint=constraint) if mode == "ar"
-                else SpeculativeDecoder(mixed_adapter, sampler=sampler, seed=k, depth=2, constraint=constraint))
+        return (AutoregressiveDecoder(adapter, sampler=sampler, seed=k, constraint=constraint) if mode == "ar"
+                else SpeculativeDecoder(adapter, sampler=sampler, seed=k, depth=2, constraint=constraint))
 
     for mode in ("ar", "mtp"):
         alone = [make(mode, k).generate(PROMPTS[k], max_tokens=30)[0] for k in range(6)]
-        batch, out = Batch(mixed_adapter), {}
+        batch, out = Batch(adapter), {}
         seqs = [Sequence(make(mode, k), PROMPTS[k], 30) for k in range(6)]
         for k, s in enumerate(seqs):
             out[k] = list(batch.join(s).tokens)
@@ -247,23 +266,16 @@ def test_sampled_and_constrained_sequences_in_a_batch_equal_alone(mixed_adapter)
             for s, ev in batch.step().items():
                 out[seqs.index(s)] += ev.tokens
         assert [out[k] for k in range(6)] == alone, mode
-        texts = [mixed_adapter.tokenizer.decode(alone[k]) for k in (1, 3, 5)]
-        assert all(re.fullmatch(r"([a-z]+ [0-9]+ )*[a-z]*", t) for t in texts), texts
+        texts = [adapter.tokenizer.decode(alone[k]) for k in (1, 3, 5)]
+        # what the grammar allows, cut at max_tokens anywhere
+        assert all(re.fullmatch(r"([a-z]+ [0-9]+ )*([a-z]+( [0-9]*)?)?", t) for t in texts), texts
         assert any(re.search(r"[0-9]", t) for t in texts), texts   # the grammar's state changed the mask
 
 
-def test_the_gpu_path_batched_equals_alone_in_bf16(tiny_checkpoint):
-    """What a GPU runs when its kernels are off (and around them when on): MLX's own ops in the
-    checkpoint's bf16, attention computed row by row (row_invariant, as backends.choose sets
-    it on a GPU), a batch's rows through the same `few` runner [B, S, H]. Batched greedy
-    decoding equals each request alone in both lanes (rows of a batch round as one row does
-    here: MLX's quantized matmul is row-invariant on this CPU)."""
-    from adapters.qwen3_5.backends import Backend, MlxOps
-
-    adapter = load_adapter(make_mixed_head(tiny_checkpoint(fresh=True, **{**MIXED, "bits": 4, "dtype": "bfloat16"})),
-                           compiled=False, compute_dtype="native", log=lambda m: None)
-    adapter.backend = Backend("mlx", MlxOps(row_invariant=True), MlxOps())
-    assert adapter.forward(mx.array([[5, 6]]), adapter.make_cache())[1].dtype == mx.bfloat16
+def test_the_gpu_path_batched_equals_alone_in_bf16(bf16_adapter):
+    """The GPU's path (bf16_adapter): batched greedy decoding equals each request alone in both
+    lanes, bit for bit (MLX's own kernels compute a batch's rows as one row)."""
+    adapter = bf16_adapter
     for mode, depth in (("ar", 0), ("mtp", 2)):
         alone = [_decoder(adapter, mode, depth).generate(p, max_tokens=n)[0] for p, n in zip(PROMPTS[:5], LENGTHS[:5])]
         batched, sizes, _ = run_batched(adapter, mode, depth, PROMPTS[:5], LENGTHS[:5], {0: [0, 1, 2], 3: [3, 4]})

@@ -5,7 +5,8 @@ and storage, mlx-lm trunk keys, no mtp.* in the trunk), the Qwen3.5 chat templat
 tools in the system turn, a <think> block opened by the generation prompt unless thinking is
 off), that it loads through adapters.load_adapter with the declared conventions, that its MTP
 head actually predicts (acceptance well above chance), and that greedy speculative output is
-token-identical to greedy autoregressive output at depths 1-3.
+token-identical to greedy autoregressive output at depths 1-3, up to near-ties (the demo's
+verify rows and decode rows are float32 matmuls of different row counts: tests/_ties.py).
 """
 from __future__ import annotations
 
@@ -145,6 +146,7 @@ def test_adapter_contract(adapter):
 
 def test_greedy_mtp_equals_ar_and_head_predicts(adapter):
     from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids
+    from tests._ties import assert_greedy_equal
 
     greedy = SamplerConfig(temperature=0)
     acc = prop = 0
@@ -153,7 +155,7 @@ def test_greedy_mtp_equals_ar_and_head_predicts(adapter):
             ids = chat_prompt_ids(adapter, [{"role": "user", "content": p}])
             ar, _ = AutoregressiveDecoder(adapter, sampler=greedy).generate(ids, max_tokens=48)
             mtp, stats = SpeculativeDecoder(adapter, sampler=greedy, depth=depth).generate(ids, max_tokens=48)
-            assert mtp == ar, (p, depth)
+            assert_greedy_equal(adapter, ids, mtp, ar, what=f"{p!r} depth {depth}")
             if depth == 1:
                 acc += stats.accepted
                 prop += stats.proposed

@@ -21,6 +21,7 @@ from core import AutoregressiveDecoder, PrefixCache, SpeculativeDecoder, chat_pr
 from core.disk_cache import TMP, DiskCache, model_identity
 from core.stream import cache_history
 from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
+from tests._ties import assert_greedy_equal
 from tests._webapp_helpers import REPO, App
 
 TURNS = 6      # then turn 7 after the restart (scripts/bench_disk_cache.py measures turn 11 of ~2.5k tokens)
@@ -140,13 +141,24 @@ def reference(adapter):
     return turns(adapter, 4, None)
 
 
+def assert_replies(adapter, reference, got):
+    """Replies (ids) of turns 1.. are the no-cache reference's. A restore prefills in other chunks
+    than a fresh prompt, so up to near-ties (tests/_ties.py); a reply that parts at one ends the
+    comparison (the histories differ after it)."""
+    msgs, ref = reference
+    for k, (ids, (want, _)) in enumerate(zip(got, ref)):
+        assert_greedy_equal(adapter, chat_prompt(adapter, msgs[:2 * k + 1]), ids, want, what=f"turn {k + 1}")
+        if ids != want:
+            return
+
+
 def entries(dc):
     return sorted(dc._entries.values(), key=lambda e: len(e.ids))
 
 
 @pytest.mark.parametrize("fault", ["truncated", "flipped byte"])
 def test_a_damaged_entry_is_lost_alone(adapter, checkpoint, reference, tmp_path, fault):
-    msgs, _ = turns(adapter, 3, PrefixCache(2**30, disk=disk(adapter, checkpoint, tmp_path)[0]))
+    msgs, first = turns(adapter, 3, PrefixCache(2**30, disk=disk(adapter, checkpoint, tmp_path)[0]))
     dc, said = disk(adapter, checkpoint, tmp_path)
     newest, before = entries(dc)[-1], entries(dc)[-2]          # turn 4 would start from the newest
     data = newest.path.read_bytes()
@@ -157,7 +169,7 @@ def test_a_damaged_entry_is_lost_alone(adapter, checkpoint, reference, tmp_path,
         b[len(b) - 200] ^= 0x10                                 # inside the last array's data
         newest.path.write_bytes(bytes(b))
     _, out = turns(adapter, 1, PrefixCache(2**30, disk=dc), history=msgs[:6])
-    assert out[0][0] == reference[1][3][0]                      # the same reply as without any cache
+    assert_replies(adapter, reference, [o[0] for o in first + out])   # the same replies as without any cache
     assert out[0][1] == len(before.ids)                         # from the entry before the bad one
     assert len(said) == 1 and newest.path.name in said[0] and "removed" in said[0], said
     assert not newest.path.exists()
@@ -167,22 +179,24 @@ def test_a_damaged_entry_is_lost_alone(adapter, checkpoint, reference, tmp_path,
 
 def test_a_budget_smaller_than_a_snapshot_keeps_them_in_memory(adapter, checkpoint, reference, tmp_path):
     dc, said = disk(adapter, checkpoint, tmp_path, budget=1024)
-    msgs, out = turns(adapter, 3, PrefixCache(2**30, disk=dc))
-    assert [o[0] for o in out] == [r[0] for r in reference[1][:3]] and out[2][1] > 0   # memory still serves
+    msgs, first = turns(adapter, 3, PrefixCache(2**30, disk=dc))
+    assert first[2][1] > 0                                               # memory still serves
     assert len(dc) == 0 and len(said) == 1 and "larger than the whole budget" in said[0]
     dc, said = disk(adapter, checkpoint, tmp_path, budget=1024)
     _, out = turns(adapter, 1, PrefixCache(2**30, disk=dc), history=msgs)
-    assert out[0] == (reference[1][3][0], 0) and len(said) == 1         # one line per start
+    assert_replies(adapter, reference, [o[0] for o in first + out])
+    assert out[0][1] == 0 and len(said) == 1                             # one line per start
 
 
 def test_a_budget_for_a_few_entries_keeps_the_newest(adapter, checkpoint, reference, tmp_path):
     dc, said = disk(adapter, checkpoint, tmp_path)
-    msgs, _ = turns(adapter, 3, PrefixCache(2**30, disk=dc))
+    msgs, first = turns(adapter, 3, PrefixCache(2**30, disk=dc))
     one = max(e.nbytes for e in entries(dc))
     dc, said = disk(adapter, checkpoint, tmp_path, budget=int(2.5 * one))   # the next start: a smaller budget
     assert 1 <= len(dc) <= 2 and dc.nbytes <= 2.5 * one
     _, out = turns(adapter, 1, PrefixCache(2**30, disk=dc), history=msgs)
-    assert out[0] == (reference[1][3][0], len(history_prompt(adapter, msgs).ids)) and said == []
+    assert_replies(adapter, reference, [o[0] for o in first + out])
+    assert out[0][1] == len(history_prompt(adapter, msgs).ids) and said == []
 
 
 def test_a_read_only_folder_serves_from_memory(adapter, checkpoint, reference, tmp_path):
@@ -194,7 +208,8 @@ def test_a_read_only_folder_serves_from_memory(adapter, checkpoint, reference, t
         (tmp_path / identity).chmod(0o500)
     dc, said = disk(adapter, checkpoint, tmp_path)
     _, out = turns(adapter, 4, PrefixCache(2**30, disk=dc))
-    assert [o[0] for o in out] == [r[0] for r in reference[1]] and out[3][1] > 0
+    assert_replies(adapter, reference, [o[0] for o in out])
+    assert out[3][1] > 0
     assert len(said) == 1 and "writing off" in said[0], said
 
 
@@ -240,7 +255,7 @@ def test_a_server_killed_while_writing_loses_nothing_it_had_written(adapter, che
     assert all(dc.load(e) is not None for e in entries(dc)) and said == []
     assert not [f for f in dc.dir.iterdir() if f.name.endswith(TMP)]
     _, out = turns(adapter, 4, PrefixCache(2**30, disk=dc))
-    assert [o[0] for o in out] == [r[0] for r in reference[1]]
+    assert_replies(adapter, reference, [o[0] for o in out])
 
 
 def test_clear_cache_empties_the_folder_and_exits(adapter, checkpoint, tmp_path):

@@ -2,8 +2,14 @@
 
 Greedy replies with the cache are token-identical to replies from a fresh prefill, for both
 lanes, across many turns, with regenerate, undo, an edited earlier message, a changed system
-prompt and a reply stopped half-way; the head's history restores consistently (same
-acceptance); sampled replies keep their distribution.
+prompt and a reply stopped half-way; the head's history restores consistently; sampled replies
+keep their distribution.
+
+A restore point is often not where a fresh prefill of the new prompt ends a chunk (a history
+snapshot, an edited turn), and a prefill split elsewhere rounds differently (float32, on every
+machine: measured 4.5e-6 on the demo's logits). So these replies are compared up to near-ties
+(tests/_ties.py); tests/test_prefix_state.py compares a restore with a fresh prefill of the same
+chunks, which is bit for bit.
 """
 import threading
 from collections import Counter
@@ -15,6 +21,7 @@ from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, Speculative
                   split_reply)
 from core.prefix_cache import common_prefix
 from tests._engine_helpers import GREEDY, MIXED, chi_square_pvalue, exact_joint, make_mixed_head, marginal
+from tests._ties import assert_greedy_equal
 
 QUESTIONS = ["Hi there", "What is the sea?", "Tell me about the moon.", "And the robot?", "Why?",
              "Write one more line.", "Thanks, bye."]
@@ -49,14 +56,15 @@ def reply(adapter, kind, messages, cache, max_tokens=24, stop=None):
 
 def conversation(adapter, kind, cache):
     """Six+ turns with regenerate, undo, an edit, a system prompt change and a stopped reply;
-    returns every reply's token ids and the stats of each."""
-    replies, stats_seen = [], []
+    returns every reply's token ids, the stats of each and the messages each answered."""
+    replies, stats_seen, asked = [], [], []
     msgs = [{"role": "system", "content": "You are brief."}]
 
     def turn(messages, **kw):
         ids, stats = reply(adapter, kind, messages, cache, **kw)
         replies.append(ids)
         stats_seen.append(stats)
+        asked.append(list(messages))
         return adapter.tokenizer.decode(ids)
 
     for q in QUESTIONS[:4]:
@@ -73,15 +81,24 @@ def conversation(adapter, kind, cache):
     turn(edited + [{"role": "user", "content": QUESTIONS[6]}])
     changed = [{"role": "system", "content": "You are a pirate."}] + msgs[1:]  # a new system prompt
     turn(changed + [{"role": "user", "content": QUESTIONS[6]}])
-    return replies, stats_seen
+    return replies, stats_seen, asked
+
+
+def assert_turns_equal(adapter, asked, got, want):
+    """Turn by turn, up to near-ties; after the first reply that parts at one, the histories differ."""
+    for messages, g, w in zip(asked, got, want):
+        assert_greedy_equal(adapter, chat_prompt(adapter, messages), g, w, what=messages[-1]["content"])
+        if g != w:
+            return
+    assert len(got) == len(want)
 
 
 @pytest.mark.parametrize("kind", ["ar", "mtp1", "mtp2", "mtp3"])
 def test_greedy_replies_identical_with_and_without_the_cache(adapter, kind):
     cache = PrefixCache(2**30)
-    with_cache, stats = conversation(adapter, kind, cache)
-    fresh, fresh_stats = conversation(adapter, kind, None)
-    assert with_cache == fresh
+    with_cache, stats, _ = conversation(adapter, kind, cache)
+    fresh, fresh_stats, asked = conversation(adapter, kind, None)
+    assert_turns_equal(adapter, asked, with_cache, fresh)
     assert all(len(r) > 0 for r in fresh)
     cached = [s.cached_tokens for s in stats]
     assert all(c == 0 for c in (s.cached_tokens for s in fresh_stats))
@@ -91,8 +108,12 @@ def test_greedy_replies_identical_with_and_without_the_cache(adapter, kind):
     assert all(s.cached_tokens + s.prefilled_tokens == s.prompt_tokens for s in stats)
     # turn 4 shares all of turn 3's prompt but the generation prompt
     assert stats[3].prefilled_tokens < 0.5 * stats[3].prompt_tokens
-    if kind != "ar":  # the head's history restores as a fresh prefill builds it: same acceptance
-        assert [s.accepted for s in stats] == [s.accepted for s in fresh_stats]
+    if kind != "ar":
+        # The head's history restores as a fresh prefill builds it: the same acceptance, to the
+        # drafts at a near-tie of the head's logits, which may go either way (its history is
+        # restored bit for bit in tests/test_prefix_state.py, against the same chunks).
+        rate = [sum(s.accepted for s in run) / max(1, sum(s.proposed for s in run)) for run in (stats, fresh_stats)]
+        assert abs(rate[0] - rate[1]) < 0.05, rate
         assert sum(s.proposed for s in stats) > 0
 
 
@@ -109,7 +130,7 @@ def test_thinking_template_reuses_the_history_before_the_generation_prompt(think
         assert text.endswith("<|im_start|>assistant\n<think>\n")       # the template opened the block
         ids, stats = lane(kind, ad, cache).generate(prompt, max_tokens=20)
         fresh, _ = lane(kind, ad, None).generate(prompt, max_tokens=20)
-        assert ids == fresh
+        assert_greedy_equal(ad, prompt, ids, fresh)
         # each turn restores the snapshot taken just before the previous generation prompt
         assert stats.cached_tokens == (previous.marks[-1] if previous else 0)
         previous = prompt

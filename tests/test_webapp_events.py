@@ -7,6 +7,7 @@ import re
 import gradio as gr
 import pytest
 
+from tests._ties import tie_free
 from tests._webapp_helpers import LONG_PROMPT, Req, make_host
 from webapp.chat import ChatHandlers, is_stats, text_of
 from webapp.race import RaceHandlers
@@ -47,12 +48,16 @@ def test_chat_streams_then_appends_stats(chat):
     assert all(isinstance(m["content"], list) and m["content"][0]["type"] == "text" for m in final)
 
 
-def test_chat_multi_turn_and_ar_mode_match_greedy_mtp(chat):
-    """Greedy AR and MTP replies are token-identical (the engine is exact), through the chat path."""
+def test_chat_multi_turn_and_ar_mode_match_greedy_mtp(host, chat):
+    """Greedy AR and MTP replies are token-identical (the engine is exact), through the chat path,
+    wherever the AR reply meets no near-tie (tests/_ties.py: a verify and decode steps agree to
+    rounding; on every machine seen so far this reply meets none)."""
     h = user("Hi")
     ar = list(chat.respond(h, "ar", "Be brief.", max_tokens=40, **GREEDY))[-1]
     mtp = list(chat.respond(h, "mtp", "Be brief.", max_tokens=40, **GREEDY))[-1]
-    assert reply_text(ar) == reply_text(mtp)
+    prompt = host.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    if host.worker.call(tie_free, host.adapter, prompt, 40):
+        assert reply_text(ar) == reply_text(mtp)
     # second turn: the history (including the stats message, which is skipped) goes back in
     h2 = ar + user("And then?")
     out = list(chat.respond(h2, "mtp", "Be brief.", max_tokens=20, **GREEDY))[-1]

@@ -134,6 +134,7 @@ def test_cli_launches_and_prints_what_it_serves(tiny_model_dir):
         assert ok, out
         assert f"open http://127.0.0.1:{port}" in out
         assert "model: " in out and "qwen3_5" in out and "BLAS" in out and "Warm-up done" in out
+        assert "exactness: greedy MTP = AR " in out and "batched replies = alone " in out   # core/exactness.py
         assert "on your network: http://" in out or "no LAN address" in out
         assert "WARNING" in out and "--auth" in out            # --lan without a password
         assert "not available offline" in out                  # --share

@@ -124,6 +124,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"mtp-chat: could not load the model from {model_dir}: {exc}", file=sys.stderr)
         return 1
     print(f"mtp-chat: model: {host_model.description}", flush=True)
+    print(f"mtp-chat: exactness: {host_model.exactness}", flush=True)
     shutdown.before_exit.append(host_model.flush_cache)
     disk = host_model.prefix_cache.disk if host_model.prefix_cache is not None else None
     if disk is not None:

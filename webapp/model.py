@@ -71,9 +71,25 @@ class ModelHost:
                                             on_finish=self._batched_done,
                                             prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)),
                                             on_step=self.metrics.batch)
+        self._exactness: Optional[str] = None
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log,
                                        max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
+
+    @property
+    def exactness(self) -> str:
+        """Which exactness this machine gives (core/exactness.py), measured on the model thread
+        the first time it is asked for (the start-up banner): greedy MTP against AR, batched
+        replies against alone, each bit for bit or up to ties."""
+        if self._exactness is None:
+            from core.exactness import probe
+
+            widths = tuple(range(2, min(self.max_depth, 7) + 2))   # every verify a reply may run
+            try:
+                self._exactness = self.worker.call(lambda: probe(self.adapter, widths).describe())
+            except Exception as exc:  # noqa: BLE001 - a probe failure must not stop the app
+                self._exactness = f"not measured ({type(exc).__name__}: {exc})"
+        return self._exactness
 
     def _disk_cache(self, log: Callable[[str], None]):
         """The prefix cache's disk store (settings cache_dir, disk_cache_mb, disk_cache_ttl_hours),

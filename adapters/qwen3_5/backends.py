@@ -295,8 +295,9 @@ class CpuCompiled(MlxOps):
 
 class CpuCompiledBatch(CpuCompiled):
     """The compiled CPU runner over a batch axis [B, S, H]: several sequences, each at its own
-    position (layers.run_trunk_batch). The same compiled math per row as `CpuCompiled`, so a
-    sequence decoded in a batch computes what it computes alone (tests/test_batch.py)."""
+    position (layers.run_trunk_batch). The same compiled math per row as `CpuCompiled`; only the
+    matmuls see B times the rows, and the BLAS may sum those in another order (float32 rounding:
+    bit for bit on some processors, not on others; core/exactness.py measures which at load)."""
 
     def __init__(self, rope: nn.RoPE):
         super().__init__(rope)
