@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import adapters  # noqa: E402,F401  (BLAS preload before mlx)
 import mlx.core as mx  # noqa: E402
 
-from adapters.kernels import cuda_attention  # noqa: E402
+from adapters.kernels import cuda_attention, rel_err  # noqa: E402
+from scripts.gpu_exact import synced_seconds  # noqa: E402
 
 NH, NKV, HD = 16, 4, 256
 
@@ -39,21 +38,6 @@ def inputs(S: int, L: int, seed: int):
     gate = mx.random.normal((1, L, NH * HD), key=keys[3]).astype(mx.bfloat16)
     mx.eval(kbuf, vbuf, q, gate)
     return q, kbuf[:, :, :S], vbuf[:, :, :S], gate
-
-
-def rel(a, b) -> float:
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    return float(mx.abs(a - b).max()) / max(float(mx.abs(b).max()), 1e-30)
-
-
-def timed(fn, n: int = 20) -> float:
-    runs = []
-    for _ in range(n + 3):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs[3:])
 
 
 def main(argv=None) -> int:
@@ -72,7 +56,7 @@ def main(argv=None) -> int:
         row = {"against_reference": {}, "rows_as_alone": {}, "ms": {}}
         for L in (1, 3, 5):
             q, k, v, gate = inputs(S, L, S + L)
-            row["against_reference"][L] = err = rel(kernel(q, k, v, gate, scale),
+            row["against_reference"][L] = err = rel_err(kernel(q, k, v, gate, scale),
                                                     cuda_attention.reference(q, k, v, gate, scale))
             fails += not err < 0.02
         for L in (2, 3, 4, 5):
@@ -84,8 +68,8 @@ def main(argv=None) -> int:
             fails += not same
         for L in (1, 4):
             q, k, v, gate = inputs(S, L, 3)
-            row["ms"][L] = {"kernel": timed(lambda: kernel(q, k, v, gate, scale)) * 1e3,
-                            "reference": timed(lambda: cuda_attention.reference(q, k, v, gate, scale)) * 1e3}
+            row["ms"][L] = {"kernel": synced_seconds(lambda: kernel(q, k, v, gate, scale)) * 1e3,
+                            "reference": synced_seconds(lambda: cuda_attention.reference(q, k, v, gate, scale)) * 1e3}
         report["contexts"][S] = row
         print(f"context {S}: {json.dumps(row)}", flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

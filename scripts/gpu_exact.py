@@ -129,6 +129,17 @@ def forward_and_commit(ad, cache, tokens, width: int):
     return logits, ad.state_arrays(cache, None)
 
 
+def synced_seconds(fn, n: int = 20) -> float:
+    """Median seconds of fn() evaluated and synchronised, over n runs after 3 warm-ups."""
+    runs = []
+    for _ in range(n + 3):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs[3:])
+
+
 def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
     """Median seconds of a synchronised forward_and_commit of each width over `tokens`, the
     first two runs of each left out."""

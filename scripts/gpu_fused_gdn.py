@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,8 +29,9 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from adapters import load_adapter  # noqa: E402
-from adapters.kernels import cuda_qmm, gdn_fused  # noqa: E402
+from adapters.kernels import cuda_qmm, gdn_fused, rel_err  # noqa: E402
 from adapters.qwen3_5 import backends, layers  # noqa: E402
+from scripts.gpu_exact import synced_seconds  # noqa: E402
 
 
 def layer_inputs(ad, T: int, seed: int = 0):
@@ -61,21 +60,6 @@ def ops_middle(p, xn, conv_state, state):
     q, k = ops.qk_norm(q.reshape(1, T, p.Hk, p.Dk), k.reshape(1, T, p.Hk, p.Dk), p.Dk)
     y, states = ops.recurrence(q, k, v.reshape(1, T, p.Hv, p.Dv), ops.decay(p, a), mx.sigmoid(b), state, None, True)
     return ops.gated_norm(p.attn.norm, y, z), conv_input, states
-
-
-def rel(a, b) -> float:
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    return float(mx.abs(a - b).max()) / max(float(mx.abs(b).max()), 1e-30)
-
-
-def timed(fn, n: int = 20) -> float:
-    runs = []
-    for _ in range(n + 3):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs[3:])
 
 
 def main(argv=None) -> int:
@@ -112,8 +96,8 @@ def main(argv=None) -> int:
         conv_w, cst = run._gdn_inputs[id(p)]
         want = gdn_fused.reference(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, p.attn.dt_bias,
                                    p.attn.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
-        errs = {"out": rel(got[0], want[0]), "conv_input": rel(got[1], want[1]),
-                "states": max(rel(s, w) for s, w in zip(got[2], want[2]))}
+        errs = {"out": rel_err(got[0], want[0]), "conv_input": rel_err(got[1], want[1]),
+                "states": max(rel_err(s, w) for s, w in zip(got[2], want[2]))}
         ok = errs["out"] < 0.03 and errs["conv_input"] == 0 and errs["states"] < 0.03
         fails += not ok
         report["against_reference"][T] = {**errs, "ok": ok}
@@ -132,8 +116,8 @@ def main(argv=None) -> int:
         print(f"T={T}: positions together == one at a time: {same}")
     for T in (1, 3):
         p, xn, conv_state, state = layer_inputs(ad, T)
-        report["ms"][T] = {"fused": timed(lambda: middle(run, p, xn, conv_state, state)) * 1e3,
-                           "ops": timed(lambda: ops_middle(p, xn, conv_state, state)) * 1e3}
+        report["ms"][T] = {"fused": synced_seconds(lambda: middle(run, p, xn, conv_state, state)) * 1e3,
+                           "ops": synced_seconds(lambda: ops_middle(p, xn, conv_state, state)) * 1e3}
         print(f"T={T}: ms {report['ms'][T]}")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(report, indent=1))

@@ -21,7 +21,8 @@ from . import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused
 from .cuda_qmm import cuda_available
 
 
-def _rel(a: mx.array, b: mx.array) -> float:
+def rel_err(a: mx.array, b: mx.array) -> float:
+    """max |a - b| over max |b|, in fp32."""
     a, b = a.astype(mx.float32), b.astype(mx.float32)
     return float(mx.abs(a - b).max()) / max(float(mx.abs(b).max()), 1e-30)
 
@@ -42,7 +43,7 @@ def check_fused_gdn(seed: int = 0) -> Optional[str]:
     dims = (Hk, Hv, Dk, Dv, K)
     y, conv_input, states = gdn_fused.gdn_fused(proj, args[0], window, *args[1:], state, dims)
     y_ref, input_ref, states_ref = gdn_fused.reference(proj, args[0], window, *args[1:], state, dims)
-    err = max(_rel(y, y_ref), *(_rel(a, b) for a, b in zip(states, states_ref)))
+    err = max(rel_err(y, y_ref), *(rel_err(a, b) for a, b in zip(states, states_ref)))
     if not (err < 0.02 and bool(mx.array_equal(conv_input, input_ref))):
         return f"the fused Gated-DeltaNet kernel differs from its reference by {err:.2e}"
     st = state
@@ -63,7 +64,7 @@ def check_attention(seed: int = 0) -> Optional[str]:
     q = mx.random.normal((1, nh, L, hd), key=ks[2]).astype(mx.bfloat16)
     gate = mx.random.normal((1, L, nh * hd), key=ks[3]).astype(mx.bfloat16)
     y = cuda_attention.gated_attention(q, k, v, gate, hd**-0.5)
-    err = _rel(y, cuda_attention.reference(q, k, v, gate, hd**-0.5))
+    err = rel_err(y, cuda_attention.reference(q, k, v, gate, hd**-0.5))
     if not err < 0.02:
         return f"the attention kernel differs from its reference by {err:.2e}"
     for i in range(L):
