@@ -103,10 +103,14 @@ class HybridAdapter:
         prompt gives the same state however it is split into chunks (prefix cache or not)."""
         run = self.backend.runner(tokens.shape, fast)
         h, gdn = layers.run_trunk(run, self.stack, run.enter(self.inner.embed_tokens(tokens)), cache, capture)
+        return self.outputs(run, h, all_logits, Captured(tokens.shape[1], gdn) if capture else None)
+
+    def outputs(self, run, h: mx.array, all_logits: bool, captured: Optional[Captured]):
+        """The last layer's hidden -> what `forward` returns (a pipeline's last stage calls this
+        on the hidden state it received: adapters/pipeline/)."""
         post = run.final_norm(self.inner.norm, h)
         logits = self.lm_head(post if all_logits else post[..., -1:, :], run)
-        return (run.leave(logits), run.leave(h if self._pre_norm else post),
-                Captured(tokens.shape[1], gdn) if capture else None)
+        return run.leave(logits), run.leave(h if self._pre_norm else post), captured
 
     def forward_batch(self, tokens: mx.array, caches: list, *, capture: bool = False):
         """tokens [B, T] of B sequences, caches[b] the b-th one's -> (logits [B, T, V],
@@ -178,30 +182,14 @@ class HybridAdapter:
         """Attention KV buffers with their lengths, GDN conv windows and recurrent states, the
         head's KV history: references to the caches' own arrays."""
         arrays, meta = {}, {}
-
-        def kv(name, c):
-            meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
-            if c.keys is not None:
-                arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
-
-        for i, c in enumerate(cache):
-            if isinstance(c, KVCache):
-                kv(f"trunk.{i}", c)
-            else:
-                for j, part in enumerate(("conv", "state")):
-                    if c[j] is not None:
-                        arrays[f"trunk.{i}.{part}"] = c[j]
-        kv("draft", draft)
+        snapshot_trunk(cache, arrays, meta)
+        _snapshot_kv("draft", draft, arrays, meta)
         return State(arrays, meta)
 
     def restore(self, state: State, cache: list, draft: KVCache) -> None:
         """Each KV cache gets its own array objects over the snapshot's data (`_own`)."""
+        restore_trunk(state, cache)
         a, meta = state.arrays, state.meta
-        for i, c in enumerate(cache):
-            if isinstance(c, KVCache):
-                c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
-            else:
-                c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
         draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
 
     # -- for people --------------------------------------------------------------------------
@@ -218,3 +206,30 @@ class HybridAdapter:
             f"hidden {c.hidden_size}, vocab {c.vocab_size}, {trunk}, {head} ({c.mtp_tensor_count} tensors, "
             f"{c.layout}), hidden variant {c.hidden_variant}, compute {self.compute_dtype}, backend {self.backend.name}"
         )
+
+
+# -- snapshots of trunk layers (also a pipeline stage's own layers: adapters/pipeline/) ------------
+def _snapshot_kv(name: str, c: KVCache, arrays: dict, meta: dict) -> None:
+    meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
+    if c.keys is not None:
+        arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
+
+
+def snapshot_trunk(cache: list, arrays: dict, meta: dict, first: int = 0) -> None:
+    """cache[i] is trunk layer first + i; its arrays go under trunk.<first + i>.*"""
+    for i, c in enumerate(cache, first):
+        if isinstance(c, KVCache):
+            _snapshot_kv(f"trunk.{i}", c, arrays, meta)
+        else:
+            for j, part in enumerate(("conv", "state")):
+                if c[j] is not None:
+                    arrays[f"trunk.{i}.{part}"] = c[j]
+
+
+def restore_trunk(state: State, cache: list, first: int = 0) -> None:
+    a, meta = state.arrays, state.meta
+    for i, c in enumerate(cache, first):
+        if isinstance(c, KVCache):
+            c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
+        else:
+            c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")

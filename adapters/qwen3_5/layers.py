@@ -205,8 +205,8 @@ class Stack:
     """The trunk as the backends run it: its layers' parameters and its cache kinds."""
 
     layers: List[Any]            # GdnParams or AttnParams, one per trunk layer
-    fa_idx: int                  # first attention layer (its cache makes the attention mask)
-    ssm_idx: int                 # first Gated-DeltaNet layer
+    fa_idx: Optional[int]        # first attention layer (its cache makes the attention mask)
+    ssm_idx: Optional[int]       # first Gated-DeltaNet layer (None: a pipeline stage without one)
 
 
 def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool) -> Tuple[mx.array, Dict[int, tuple]]:
@@ -214,7 +214,8 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool) -> Tup
     updating the cache; returns the last hidden (before the final norm) and, when capturing, per
     Gated-DeltaNet layer (conv_input [B, K-1+S, C], states)."""
     S = h.shape[-2]
-    fa_mask, ssm_mask = run.masks(h, cache[stack.fa_idx], cache[stack.ssm_idx])
+    fa_mask, ssm_mask = run.masks(h, None if stack.fa_idx is None else cache[stack.fa_idx],
+                                  None if stack.ssm_idx is None else cache[stack.ssm_idx])
     pos, captured = None, {}
     for i, (p, c) in enumerate(zip(stack.layers, cache)):
         if isinstance(p, GdnParams):

@@ -1,0 +1,41 @@
+"""One rank of a pipeline test (tests/test_pipeline.py starts two with MLX_RANK + MLX_HOSTFILE).
+
+    python tests/_pipeline_rank.py JOB.json
+
+JOB: {"model": dir, "load": {load_adapter kwargs}, "prompts": [[ids]], "depths": [...],
+"max_tokens": n, "out": file}. Rank 0 decodes every prompt greedily with AR and with MTP at each
+depth through the pipeline and writes the tokens to "out"; the other ranks serve until it stops.
+"""
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from adapters.pipeline.launch import start  # noqa: E402
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder  # noqa: E402
+
+
+def main() -> int:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    ad = start(job["model"], log=lambda m: print(m, flush=True), **job.get("load", {}))
+    if ad is None:
+        return 0
+    try:
+        greedy, out = SamplerConfig(temperature=0), {"ar": [], "mtp": {}, "describe": ad.describe(),
+                                                      "ranks": ad.ranks()}
+        for prompt in job["prompts"]:
+            ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(prompt, max_tokens=job["max_tokens"])
+            out["ar"].append(ar)
+            for d in job["depths"]:
+                toks, stats = SpeculativeDecoder(ad, sampler=greedy, depth=d).generate(prompt, max_tokens=job["max_tokens"])
+                out["mtp"].setdefault(str(d), []).append([toks, stats.accepted, stats.proposed])
+        Path(job["out"]).write_text(json.dumps(out))
+    finally:
+        ad.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
