@@ -3,8 +3,10 @@
     python tests/_pipeline_rank.py JOB.json
 
 JOB: {"model": dir, "load": {load_adapter kwargs}, "prompts": [[ids]], "depths": [...],
-"max_tokens": n, "out": file}. Rank 0 decodes every prompt greedily with AR and with MTP at each
-depth through the pipeline and writes the tokens to "out"; the other ranks serve until it stops.
+"max_tokens": n, "out": file, "sampled_seeds": [...], "prefix_depth": d}. Rank 0 decodes every prompt greedily with AR and with MTP at each
+depth through the pipeline, samples at depth 2 with each seed, runs chat turns through the prefix
+cache (tests/_prefix_checks: cached == fresh), and writes the tokens to "out"; the other ranks serve
+until it stops.
 """
 import json
 import sys
@@ -15,6 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from adapters.pipeline.launch import start  # noqa: E402
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder  # noqa: E402
+from tests._prefix_checks import turns_through_the_cache  # noqa: E402
 
 
 def main() -> int:
@@ -31,6 +34,12 @@ def main() -> int:
             for d in job["depths"]:
                 toks, stats = SpeculativeDecoder(ad, sampler=greedy, depth=d).generate(prompt, max_tokens=job["max_tokens"])
                 out["mtp"].setdefault(str(d), []).append([toks, stats.accepted, stats.proposed])
+        for seed in job.get("sampled_seeds", []):
+            toks, _ = SpeculativeDecoder(ad, sampler=SamplerConfig(temperature=1.0), seed=seed, depth=2).generate(
+                job["prompts"][0], max_tokens=32)
+            out.setdefault("sampled", []).append(toks)
+        if job.get("prefix_depth"):
+            out["prefix_cached_tokens"] = turns_through_the_cache(ad, job["prefix_depth"]).cached_tokens
         Path(job["out"]).write_text(json.dumps(out))
     finally:
         ad.close()

@@ -43,10 +43,19 @@ def code_fingerprint() -> List[int]:
     return _digest([f.relative_to(_REPO).as_posix().encode() + b"\0" + f.read_bytes() for f in files])
 
 
+def _ends(f: Path, n: int = 1 << 16) -> bytes:
+    """A weight file's first and last n bytes: its safetensors header (names, shapes, offsets) and
+    some of its data, so that two conversions of one shape differ, without reading 200 GB."""
+    with open(f, "rb") as fh:
+        head = fh.read(n)
+        fh.seek(max(0, f.stat().st_size - n))
+        return head + fh.read(n)
+
+
 def checkpoint_fingerprint(path: Path) -> List[int]:
     weights = sorted(p for p in path.rglob("*.safetensors"))
     return _digest([(path / "config.json").read_bytes()]
-                   + [f"{p.relative_to(path).as_posix()}:{p.stat().st_size}" for p in weights])
+                   + [f"{p.relative_to(path).as_posix()}:{p.stat().st_size}".encode() + _ends(p) for p in weights])
 
 
 def memory_mb() -> int:

@@ -1,0 +1,76 @@
+"""Pipeline parallelism over MLX's real distributed layer: 2 ranks on localhost, ring backend.
+
+Each rank is its own process (MLX_RANK + MLX_HOSTFILE, as `mlx.launch` sets them), holding half the
+trunk of a tiny checkpoint (scripts/make_tiny_checkpoint.py, a head that accepts some drafts).
+Through the pipeline, greedy MTP at depths 1-3 == AR == the single process over 128 tokens, for the
+dense and the MoE family; sampled MTP gives the single process's tokens seed for seed (the logits
+are bit-identical, so the sampled draws are too: a stronger check than a distribution's); chat turns
+through the prefix cache (each rank keeps its layers' states under one key) equal fresh ones. A rank
+started with another checkpoint is refused by name. Every wait has a timeout; ranks are killed in a
+finally (tests/_pipeline.py).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters import load_adapter
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
+from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
+from tests._pipeline import logs, run_job
+
+PROMPTS = [list(range(5, 25)), [100, 7, 300, 42]]
+SEEDS = [0, 1, 2]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_two_ranks_decode_exactly_as_one_process(tiny_checkpoint, tmp_path, family):
+    path = make_mixed_head(tiny_checkpoint(fresh=True, family=family, **MIXED))
+    job = {"model": str(path), "load": {"hidden_variant": "post_norm"}, "prompts": PROMPTS, "depths": [1, 2, 3],
+           "max_tokens": 128, "out": str(tmp_path / "out.json"), "sampled_seeds": SEEDS,
+           "prefix_depth": 2 if family == "qwen3_5" else 0}
+    codes = run_job(tmp_path, job)
+    assert codes == [0, 0], logs(tmp_path, 2)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert "rank 0 layers 2-3, rank 1 layers 0-1" in out["describe"]
+
+    ad = load_adapter(path, hidden_variant="post_norm")
+    accepted = rejected = 0
+    for prompt, ar in zip(PROMPTS, out["ar"]):
+        single, _ = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=128)
+        assert ar == single
+    assert max(len(a) for a in out["ar"]) == 128
+    for depth, runs in out["mtp"].items():
+        for (tokens, acc, proposed), ar in zip(runs, out["ar"]):
+            assert tokens == ar, depth
+            accepted, rejected = accepted + acc, rejected + proposed - acc
+    assert accepted > 0 and rejected > 0  # both kinds of rollback went through the pipeline
+    for seed, tokens in zip(SEEDS, out["sampled"]):
+        single, _ = SpeculativeDecoder(ad, sampler=SamplerConfig(temperature=1.0), seed=seed, depth=2).generate(
+            PROMPTS[0], max_tokens=32)
+        assert tokens == single, seed
+    if job["prefix_depth"]:
+        assert out["prefix_cached_tokens"] > 0
+
+
+def test_a_rank_with_another_checkpoint_is_refused_by_name(tiny_checkpoint, tmp_path):
+    """Rank 1 is given another checkpoint: both ranks refuse before loading, naming rank 1."""
+    a, b = tiny_checkpoint(bits=None, seed=0), tiny_checkpoint(bits=None, seed=3)
+    for r, path in enumerate((a, b)):
+        (tmp_path / f"job{r}.json").write_text(json.dumps({"model": str(path), "prompts": [], "depths": [],
+                                                           "max_tokens": 1, "out": str(tmp_path / "out.json")}))
+    import sys
+
+    from tests._pipeline import REPO, start_ranks, stop
+
+    procs = start_ranks(tmp_path, lambda r: [sys.executable, str(REPO / "tests" / "_pipeline_rank.py"),
+                                             str(tmp_path / f"job{r}.json")])
+    try:
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        stop(procs)
+    text = logs(tmp_path, 2)
+    assert codes[0] != 0 and codes[1] != 0, text
+    assert "rank 1 was started with another checkpoint" in text
+    assert not (tmp_path / "out.json").exists()
