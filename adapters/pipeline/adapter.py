@@ -7,13 +7,22 @@ nothing. Rollback commits rank 0's layers at once and queues (cache, keep) for t
 apply it before the next command for any cache: every rank keeps exactly the verified prefix of
 every verify, in the same order as rank 0. Caches and snapshots have ids on the wire; the other
 ranks keep their layers' part under the same id, dropped when rank 0's object is collected.
+
+Faults: the ring backend raises within about a second when a peer's socket closes (a rank that
+died), but a rank that stops answering leaves a recv blocked for ever, and MLX cannot cancel one.
+So every exchange with the other ranks runs on a thread of its own and rank 0 waits for it at
+most `timeout` seconds. Either way the pipeline is marked down: one line to the log naming the
+rank, a `PipelineDown` (HTTP 503 for the API) for the request in flight and for every later one,
+until the ranks are restarted (mx.distributed cannot be set up twice in one process). A blocked
+exchange thread is left behind: it holds nothing the model thread needs.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import weakref
 from collections import deque
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -26,6 +35,12 @@ from .stage import Stage
 from .wire import FORWARD, FREE_CACHE, FREE_SNAPSHOT, NOOP, RESTORE, ROLLBACK, SNAPSHOT, STOP, Header, Link
 
 
+class PipelineDown(RuntimeError):
+    """The pipeline lost a rank: requests fail with this until its ranks are restarted."""
+
+    http_status = 503
+
+
 class PipelineCache(list):
     """Rank 0's layers' caches; `id` names this sequence's caches on the other ranks."""
 
@@ -34,7 +49,7 @@ class PipelineCache(list):
 
 class PipelineAdapter:
     def __init__(self, local: HybridAdapter, stage: Stage, link: Link, split: List[range], memory: List[int],
-                 backend_name: str = "ring"):
+                 backend_name: str = "ring", timeout: float = 60.0, log: Callable[[str], None] = print):
         self.local, self.stage, self.link = local, stage, link
         self.split, self.memory, self.backend_name = split, memory, backend_name
         self.tokenizer, self.context_length, self.vocab_size = local.tokenizer, local.context_length, local.vocab_size
@@ -43,21 +58,57 @@ class PipelineAdapter:
         self._ids = itertools.count(1)
         self._queued: deque = deque()     # items for the next header (a GC callback may append: deque is atomic)
         self._hidden = local.contract.hidden_size
+        self.timeout, self.log = timeout, log
+        self.down: Optional[str] = None   # why the pipeline is down, once it is
+        self._wire = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipeline-wire")
 
     # -- the wire ------------------------------------------------------------------------------
-    def _command(self, header: Header) -> None:
-        """Send a header to rank N-1 with what is queued (several headers if much is)."""
+    def _exchange(self, fn, *args):
+        """fn(*args) on the wire thread, waited for at most `timeout` s; a lost rank marks the
+        pipeline down (see the module's docstring)."""
+        if self.down:
+            raise PipelineDown(self.down)
+        job = self._wire.submit(fn, *args)
+        try:
+            return job.result(self.timeout)
+        except concurrent.futures.TimeoutError:
+            why = f"no answer within {self.timeout:g} s"
+        except RuntimeError as exc:   # the ring backend: "[ring] connection to a peer was lost"
+            why = str(exc)
+        n = self.link.size
+        who = "rank 1" if n == 2 else f"rank {n - 1} or rank 1 (rank 0's neighbours) or a rank between them"
+        self.down = (f"the pipeline lost {who}: {why}. Requests fail until every rank is started again "
+                     f"(mlx.launch ... mtp-chat --distributed)")
+        self._wire.shutdown(wait=False)
+        self.log(self.down)
+        raise PipelineDown(self.down)
+
+    def _command(self, header: Header, payload: Optional[mx.array] = None, answer: bool = False):
+        """Send a header (with what is queued) and a payload to rank N-1; with `answer`, wait for
+        rank 1's hidden state. One exchange on the wire thread."""
+        if payload is not None:
+            mx.eval(payload)  # computed here, on the model thread: the wire thread only moves it
+        return self._exchange(self._send, header, payload, answer)
+
+    def _send(self, header: Header, payload: Optional[mx.array], answer: bool):
+        """On the wire thread: what is queued goes first (NOOP headers while more than one holds)."""
         while len(self._queued) > wire.MAX_ITEMS:
             self.link.send_header(Header(NOOP, items=tuple(self._queued.popleft() for _ in range(wire.MAX_ITEMS))))
         items = []
-        while self._queued:
+        while self._queued and len(items) < wire.MAX_ITEMS:
             items.append(self._queued.popleft())
         header.items = tuple(items)
         self.link.send_header(header)
+        if payload is not None:
+            self.link.send(payload)
+        if answer:
+            back = self.link.recv_header()  # rank 1's: the hidden state's dtype
+            return self.link.recv((1, header.T, self._hidden), wire.DTYPES[back.dtype])
+        return None
 
     def close(self) -> None:
         """Tell the other ranks to exit."""
-        if self.link.size > 1:
+        if self.link.size > 1 and not self.down:
             self._command(Header(STOP))
 
     # -- caches ------------------------------------------------------------------------------
@@ -79,10 +130,7 @@ class PipelineAdapter:
             raise ValueError("the pipeline decodes one sequence at a time (B = 1)")
         T = tokens.shape[1]
         if self.link.size > 1:
-            self._command(Header(FORWARD, cache.id, T, capture, fast))
-            self.link.send(tokens.astype(mx.int32))
-            back = self.link.recv_header()  # rank 1's: the hidden state's dtype
-            h = self.link.recv((1, T, self._hidden), wire.DTYPES[back.dtype])
+            h = self._command(Header(FORWARD, cache.id, T, capture, fast), tokens.astype(mx.int32), answer=True)
         else:
             h = self.local.inner.embed_tokens(tokens)
         run, h, captured = self.stage.run(h, cache, T, capture, fast)

@@ -80,18 +80,28 @@ def check_ranks(everyone: List[List[int]], path: Path) -> None:
                             "same checkout and the same checkpoint.")
 
 
+def init(backend: str = "ring"):
+    """The distributed group (MLX_RANK / MLX_HOSTFILE or mlx.launch's environment); strict: a
+    process started without one is refused rather than run as a pipeline of one."""
+    return mx.distributed.init(backend=backend, strict=True)
+
+
 def start(path: Union[str, Path], group=None, *, backend: str = "ring", log: Callable[[str], None] = print,
+          timeout: float = 60.0, log_load: Optional[Callable[[str], None]] = None,
           **load_kwargs) -> Optional[PipelineAdapter]:
-    """Rank 0: the PipelineAdapter. Any other rank: serves until rank 0 says stop, returns None."""
+    """Rank 0: the PipelineAdapter. Any other rank: serves until rank 0 says stop, returns None;
+    a lost neighbour raises PipelineError (the rank's process should exit: its neighbours then see
+    it go, and so does rank 0). `timeout`: rank 0's longest wait for one exchange (a prefill chunk
+    through every rank included)."""
     from .. import load_adapter
     from ..checkpoint import open_checkpoint
 
-    group = group or mx.distributed.init(backend=backend, strict=True)
+    group = group or init(backend)
     link = Link(group)
     ckpt, _ = open_checkpoint(path)
     everyone = link.gather(code_fingerprint() + checkpoint_fingerprint(Path(ckpt)) + [memory_mb()])
     check_ranks(everyone, Path(ckpt))
-    adapter = load_adapter(ckpt, **load_kwargs)
+    adapter = load_adapter(ckpt, log=log_load, **load_kwargs)
     if adapter.family not in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
         raise CheckpointError(f"{ckpt}: the pipeline runs the Qwen hybrid families; {adapter.family} is not one")
     extra = module_bytes(adapter.head) + (0 if adapter.tied else module_bytes(adapter._output))
@@ -99,7 +109,10 @@ def start(path: Union[str, Path], group=None, *, backend: str = "ring", log: Cal
                          capacity=[v[4] for v in everyone])
     stage = Stage(adapter, split[link.rank])
     if link.rank == 0:
-        return PipelineAdapter(adapter, stage, link, split, [v[4] for v in everyone], backend)
+        return PipelineAdapter(adapter, stage, link, split, [v[4] for v in everyone], backend, timeout, log)
     log(f"rank {link.rank}: layers {stage.held.start}-{stage.held.stop - 1}, following rank 0")
-    serve(stage, link)
+    try:
+        serve(stage, link)
+    except RuntimeError as exc:
+        raise PipelineError(f"rank {link.rank}: lost a neighbour ({exc}); exiting") from None
     return None
