@@ -9,17 +9,16 @@ every verify, in the same order as rank 0. Caches and snapshots have ids on the 
 ranks keep their layers' part under the same id, dropped when rank 0's object is collected.
 
 Faults: the ring backend raises within about a second when a peer's socket closes (a rank that
-died), but a rank that stops answering leaves a recv blocked for ever, and MLX cannot cancel one.
-So every exchange with the other ranks runs on a thread of its own and rank 0 waits for it at
-most `timeout` seconds. Either way the pipeline is marked down: one line to the log naming the
-rank, a `PipelineDown` (HTTP 503 for the API) for the request in flight and for every later one,
-until the ranks are restarted (mx.distributed cannot be set up twice in one process). A blocked
-exchange thread is left behind: it holds nothing the model thread needs.
+died); a rank that stops answering is found by a watchdog (watchdog.py) that cuts the ring's
+connections after `timeout` seconds of one exchange, so the blocked receive fails too. Either way
+the pipeline is marked down: one line to the log naming the rank, a `PipelineDown` (HTTP 503 for
+the API) for the request in flight and for every later one, until the ranks are restarted
+(mx.distributed cannot be set up twice in one process).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
+import time
 import weakref
 from collections import deque
 from typing import Callable, List, Optional
@@ -32,6 +31,7 @@ from core.model import State
 from ..qwen3_5.adapter import HybridAdapter, _own
 from . import wire
 from .stage import Stage
+from .watchdog import Watchdog, sever_ring
 from .wire import FORWARD, FREE_CACHE, FREE_SNAPSHOT, NOOP, RESTORE, ROLLBACK, SNAPSHOT, STOP, Header, Link
 
 
@@ -60,38 +60,39 @@ class PipelineAdapter:
         self._hidden = local.contract.hidden_size
         self.timeout, self.log = timeout, log
         self.down: Optional[str] = None   # why the pipeline is down, once it is
-        self._wire = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipeline-wire")
+        self._watchdog = Watchdog(timeout, sever_ring) if link.size > 1 else None
+        # Where a forward's time goes: waiting on the wire in all, of it the other ranks' compute.
+        self.wire_seconds = self.remote_seconds = 0.0
+        self.forwards = 0
 
     # -- the wire ------------------------------------------------------------------------------
     def _exchange(self, fn, *args):
-        """fn(*args) on the wire thread, waited for at most `timeout` s; a lost rank marks the
-        pipeline down (see the module's docstring)."""
+        """fn(*args) under the watchdog; a lost rank marks the pipeline down (see the docstring)."""
         if self.down:
             raise PipelineDown(self.down)
-        job = self._wire.submit(fn, *args)
+        self._watchdog.arm()
         try:
-            return job.result(self.timeout)
-        except concurrent.futures.TimeoutError:
-            why = f"no answer within {self.timeout:g} s"
+            return fn(*args)
         except RuntimeError as exc:   # the ring backend: "[ring] connection to a peer was lost"
-            why = str(exc)
+            why = f"no answer within {self.timeout:g} s" if self._watchdog.fired else str(exc)
+        finally:
+            self._watchdog.disarm()
         n = self.link.size
         who = "rank 1" if n == 2 else f"rank {n - 1} or rank 1 (rank 0's neighbours) or a rank between them"
         self.down = (f"the pipeline lost {who}: {why}. Requests fail until every rank is started again "
                      f"(mlx.launch ... mtp-chat --distributed)")
-        self._wire.shutdown(wait=False)
         self.log(self.down)
         raise PipelineDown(self.down)
 
     def _command(self, header: Header, payload: Optional[mx.array] = None, answer: bool = False):
         """Send a header (with what is queued) and a payload to rank N-1; with `answer`, wait for
-        rank 1's hidden state. One exchange on the wire thread."""
+        rank 1's hidden state."""
         if payload is not None:
-            mx.eval(payload)  # computed here, on the model thread: the wire thread only moves it
+            mx.eval(payload)  # its compute is not the wire's time
         return self._exchange(self._send, header, payload, answer)
 
     def _send(self, header: Header, payload: Optional[mx.array], answer: bool):
-        """On the wire thread: what is queued goes first (NOOP headers while more than one holds)."""
+        """What is queued goes first (NOOP headers while more than one holds)."""
         while len(self._queued) > wire.MAX_ITEMS:
             self.link.send_header(Header(NOOP, items=tuple(self._queued.popleft() for _ in range(wire.MAX_ITEMS))))
         items = []
@@ -102,7 +103,8 @@ class PipelineAdapter:
         if payload is not None:
             self.link.send(payload)
         if answer:
-            back = self.link.recv_header()  # rank 1's: the hidden state's dtype
+            back = self.link.recv_header()  # rank 1's: the hidden state's dtype, the ranks' compute
+            self.remote_seconds += back.work / 1e6
             return self.link.recv((1, header.T, self._hidden), wire.DTYPES[back.dtype])
         return None
 
@@ -130,7 +132,10 @@ class PipelineAdapter:
             raise ValueError("the pipeline decodes one sequence at a time (B = 1)")
         T = tokens.shape[1]
         if self.link.size > 1:
+            t0 = time.perf_counter()
             h = self._command(Header(FORWARD, cache.id, T, capture, fast), tokens.astype(mx.int32), answer=True)
+            self.wire_seconds += time.perf_counter() - t0
+            self.forwards += 1
         else:
             h = self.local.inner.embed_tokens(tokens)
         run, h, captured = self.stage.run(h, cache, T, capture, fast)

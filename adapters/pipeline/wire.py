@@ -6,7 +6,9 @@ rank 0 from rank 1. No home-made transport: mx.distributed.send / recv, evaluate
 in order (the ring backend's sends block until the peer reads large buffers, so the order of
 evaluation is the protocol).
 
-Header: [op, cache id, T, capture, fast, dtype, key, n items, items (kind, a, b) x MAX_ITEMS].
+Header: [op, cache id, T, capture, fast, dtype, key, work, n items, items (kind, a, b) x MAX_ITEMS].
+`work`: microseconds the ranks so far spent computing this forward (each adds its own), so that
+rank 0 can tell the link's time from the other ranks' work (scripts/bench_distributed.py).
 Items are what rank 0 queued since the last header (rollback a cache to keep k, free a cache,
 free a snapshot): they ride on the next command, so a verify's commit costs no message.
 """
@@ -19,31 +21,32 @@ import mlx.core as mx
 FORWARD, SNAPSHOT, RESTORE, NOOP, STOP, HELLO = 1, 2, 3, 4, 5, 6
 ROLLBACK, FREE_CACHE, FREE_SNAPSHOT = 1, 2, 3
 MAX_ITEMS = 18
-SIZE = 8 + 3 * MAX_ITEMS
+SIZE = 9 + 3 * MAX_ITEMS
 DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
 class Header:
     def __init__(self, op: int, cache: int = 0, T: int = 0, capture: bool = False, fast: bool = True,
-                 dtype: int = 0, key: int = 0, items: Tuple[Tuple[int, int, int], ...] = ()):
+                 dtype: int = 0, key: int = 0, items: Tuple[Tuple[int, int, int], ...] = (), work: int = 0):
         assert len(items) <= MAX_ITEMS
         self.op, self.cache, self.T, self.capture, self.fast = op, cache, T, capture, fast
-        self.dtype, self.key, self.items = dtype, key, tuple(items)
+        self.dtype, self.key, self.items, self.work = dtype, key, tuple(items), work
 
     def array(self) -> mx.array:
-        flat = [self.op, self.cache, self.T, int(self.capture), int(self.fast), self.dtype, self.key, len(self.items)]
+        flat = [self.op, self.cache, self.T, int(self.capture), int(self.fast), self.dtype, self.key, self.work,
+                len(self.items)]
         flat += [v for item in self.items for v in item]
         return mx.array(flat + [0] * (SIZE - len(flat)), dtype=mx.int32)
 
     @classmethod
     def of(cls, a: mx.array) -> "Header":
         v = a.tolist()
-        n = v[7]
-        items = tuple(tuple(v[8 + 3 * i: 11 + 3 * i]) for i in range(n))
-        return cls(v[0], v[1], v[2], bool(v[3]), bool(v[4]), v[5], v[6], items)
+        n = v[8]
+        items = tuple(tuple(v[9 + 3 * i: 12 + 3 * i]) for i in range(n))
+        return cls(v[0], v[1], v[2], bool(v[3]), bool(v[4]), v[5], v[6], items, v[7])
 
     def but(self, **changes) -> "Header":
-        h = Header(self.op, self.cache, self.T, self.capture, self.fast, self.dtype, self.key, self.items)
+        h = Header(self.op, self.cache, self.T, self.capture, self.fast, self.dtype, self.key, self.items, self.work)
         for k, v in changes.items():
             setattr(h, k, v)
         return h

@@ -7,6 +7,8 @@ same state as rank 0 after every command.
 """
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 
 from . import wire
@@ -38,6 +40,7 @@ def serve(stage: Stage, link: Link) -> None:
         if h.op == FORWARD:
             x = link.recv((1, h.T), mx.int32) if first else link.recv((1, h.T, hidden), wire.DTYPES[h.dtype])
             cache = cache_of(h.cache)
+            t0 = time.perf_counter()
             run, out, cap = stage.run(embed(x) if first else x, cache, h.T, h.capture, h.fast)
             out = run.leave(out)
             mx.eval(out, stage.state_arrays(cache))
@@ -45,7 +48,8 @@ def serve(stage: Stage, link: Link) -> None:
                 captured.pop(h.cache, None)
             else:
                 captured[h.cache] = cap
-            link.send_header(h.but(dtype=wire.DTYPES.index(out.dtype)))
+            work = h.work + int((time.perf_counter() - t0) * 1e6)
+            link.send_header(h.but(dtype=wire.DTYPES.index(out.dtype), work=work))
             link.send(out)
             continue
         if link.next != 0:
