@@ -27,7 +27,8 @@ def main() -> int:
         return 0
     try:
         greedy, out = SamplerConfig(temperature=0), {"ar": [], "mtp": {}, "describe": ad.describe(),
-                                                      "ranks": ad.ranks()}
+                                                      "ranks": ad.ranks(),
+                                                      "held": sum(p is not None for p in ad.local.stack.layers)}
         for prompt in job["prompts"]:
             ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(prompt, max_tokens=job["max_tokens"])
             out["ar"].append(ar)

@@ -34,6 +34,7 @@ def test_two_ranks_decode_exactly_as_one_process(tiny_checkpoint, tmp_path, fami
     assert codes == [0, 0], logs(tmp_path, 2)
     out = json.loads((tmp_path / "out.json").read_text())
     assert "rank 0 layers 2-3, rank 1 layers 0-1" in out["describe"]
+    assert out["held"] == 2   # rank 0 loaded its own 2 layers of 4, no more
 
     ad = load_adapter(path, hidden_variant="post_norm")
     accepted = rejected = 0

@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from ..errors import CheckpointError
 from .adapter import PipelineAdapter
-from .split import module_bytes, split_layers
+from .split import split_layers
 from .stage import Stage
 from .wire import Link
 from .worker import serve
@@ -98,15 +98,19 @@ def start(path: Union[str, Path], group=None, *, backend: str = "ring", log: Cal
 
     group = group or init(backend)
     link = Link(group)
-    ckpt, _ = open_checkpoint(path)
+    ckpt, config = open_checkpoint(path)
     everyone = link.gather(code_fingerprint() + checkpoint_fingerprint(Path(ckpt)) + [memory_mb()])
     check_ranks(everyone, Path(ckpt))
-    adapter = load_adapter(ckpt, log=log_load, **load_kwargs)
-    if adapter.family not in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
-        raise CheckpointError(f"{ckpt}: the pipeline runs the Qwen hybrid families; {adapter.family} is not one")
-    extra = module_bytes(adapter.head) + (0 if adapter.tied else module_bytes(adapter._output))
-    split = split_layers([module_bytes(l) for l in adapter.inner.layers], link.size, extra,
-                         capacity=[v[4] for v in everyone])
+    if config.get("model_type") not in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        raise CheckpointError(f"{ckpt}: the pipeline runs the Qwen hybrid families (qwen3_5, qwen3_5_moe, "
+                              f"qwen3_next); model_type '{config.get('model_type')}' is not one")
+    split: List[range] = []
+
+    def held_layers(sizes, extra):   # called by the loader before it reads any layer
+        split.extend(split_layers(sizes, link.size, extra, capacity=[v[4] for v in everyone]))
+        return split[link.rank]
+
+    adapter = load_adapter(ckpt, log=log_load, held_layers=held_layers, **load_kwargs)
     stage = Stage(adapter, split[link.rank])
     if link.rank == 0:
         return PipelineAdapter(adapter, stage, link, split, [v[4] for v in everyone], backend, timeout, log)

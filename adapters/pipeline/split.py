@@ -8,12 +8,6 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from mlx.utils import tree_flatten
-
-
-def module_bytes(module) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
-
 
 def split_layers(sizes: Sequence[int], ranks: int, extra: int = 0,
                  capacity: Optional[Sequence[float]] = None) -> List[range]:

@@ -61,8 +61,9 @@ class HybridAdapter:
         self.notes = notes            # said at load (e.g. what a quantized MoE head costs)
         self._output, self.tied = output, tied  # tied: the output projection is the embedding table
         self.stack = Stack(
-            layers=[GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear else AttnParams(l, MlpParams.of(l.mlp))
-                    for l in inner.layers],
+            # None: a layer another rank of a pipeline holds (adapters/pipeline/)
+            layers=[None if not hasattr(l, "mlp") else GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear
+                    else AttnParams(l, MlpParams.of(l.mlp)) for l in inner.layers],
             fa_idx=next(i for i, l in enumerate(inner.layers) if not l.is_linear),
             ssm_idx=next(i for i, l in enumerate(inner.layers) if l.is_linear),
         )
