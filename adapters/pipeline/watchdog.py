@@ -10,54 +10,24 @@ and the request waits until that rank dies.
 """
 from __future__ import annotations
 
-import json
-import os
 import socket
 import threading
 import time
-from typing import Callable, Optional, Set, Tuple
+from typing import Callable, Optional
 
-
-def ring_addresses() -> Set[Tuple[str, int]]:
-    """The (host, port) pairs of MLX_HOSTFILE (a path or the JSON itself: [["ip:port", ...], ...])."""
-    raw = os.environ.get("MLX_HOSTFILE", "")
-    try:
-        text = open(raw).read() if raw and os.path.exists(raw) else raw
-        hosts = json.loads(text) if text else []
-    except (OSError, ValueError):
-        return set()
-    out = set()
-    for entry in hosts:
-        for addr in entry if isinstance(entry, list) else [entry]:
-            if isinstance(addr, str) and ":" in addr:
-                host, port = addr.rsplit(":", 1)
-                out.add((host, int(port)))
-    return out
+from .wire import ring_sockets
 
 
 def sever_ring() -> int:
     """Shut down every TCP connection of this process to or from a hostfile address; returns how many."""
-    addrs = ring_addresses()
-    ports = {p for _, p in addrs}
-    folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    done = 0
-    for name in os.listdir(folder):
+    socks = ring_sockets()
+    for s in socks:
         try:
-            s = socket.socket(fileno=os.dup(int(name)))
-        except (OSError, ValueError):
-            continue
-        try:
-            if s.type != socket.SOCK_STREAM:
-                continue
-            local, peer = s.getsockname()[1], s.getpeername()[1]
-            if local in ports or peer in ports:
-                s.shutdown(socket.SHUT_RDWR)
-                done += 1
-        except (OSError, IndexError, TypeError):
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
             pass
-        finally:
-            s.close()   # closes the duplicate only
-    return done
+        s.close()   # closes the duplicate only
+    return len(socks)
 
 
 class Watchdog:
