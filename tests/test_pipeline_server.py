@@ -3,8 +3,9 @@ the layers with no HTTP port. One chat turn through the official `openai` client
 answering (SIGSTOP) with a request in flight, and is killed: the request fails with a 503 error
 object naming rank 1 within 10 s of the kill, rank 0 logs one line, and the next request is
 refused at once. A second server, with --pipeline-timeout 3, shows a silent rank (SIGSTOP only)
-failing the request in flight after the timeout instead of hanging. Every wait has a timeout;
-both ranks are killed in a finally.
+failing the request in flight after the timeout instead of hanging. One race in a real browser
+(Debian chromium driven by Playwright) runs both lanes through the pipeline. Every wait has a
+timeout; both ranks are killed in a finally.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests._pipeline import logs, start_ranks, stop
 from tests._webapp_helpers import free_port
 
 
-def _serve(tmp_path, model, *extra):
-    port = free_port()
+def _serve(tmp_path, model, *extra, port=None):
+    port = port or free_port()
     argv = [sys.executable, "-m", "webapp", "--distributed", "--model", str(model), "--port", str(port),
             "--no-warmup", *extra]
     procs = start_ranks(tmp_path, lambda r: argv, env={"MTP_CHAT_CACHE_DIR": ""})
@@ -93,5 +94,35 @@ def test_a_silent_worker_fails_the_request_after_the_timeout(model, tmp_path):
         _failure(client, name, failed)
         assert failed and failed[0].status_code == 503 and "no answer within 3 s" in failed[0].message
         assert time.time() - t0 < 10
+    finally:
+        stop(procs)
+
+
+def test_one_race_in_a_real_browser_runs_both_lanes_through_the_pipeline(model, tmp_path):
+    from tests._webapp_helpers import CHROMIUM, CHROMIUM_ARGS, LONG_PROMPT
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+    port = free_port()
+    procs, _ = _serve(tmp_path, model, port=port)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.click("#tab-race-button")
+            for elem, value in (("max-tokens", 48), ("race-repeats", 1)):
+                box = page.locator(f"#{elem} input")
+                box.fill(str(value))
+                box.press("Tab")
+            page.fill("#race-prompt textarea", LONG_PROMPT)
+            page.click("#race-start")
+            page.wait_for_selector("#race-stats .race-uncertainty")
+            stats = page.locator("#race-stats").inner_text()
+            assert "One race is one sample" in stats and "error" not in stats.lower(), stats
+            browser.close()
+        assert "the pipeline lost" not in (tmp_path / "rank0.log").read_text()
     finally:
         stop(procs)
