@@ -8,6 +8,7 @@ depth through the pipeline, samples at depth 2 with each seed, runs chat turns t
 cache (tests/_prefix_checks: cached == fresh), and writes the tokens to "out"; the other ranks serve
 until it stops.
 """
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from adapters.pipeline.launch import start  # noqa: E402
-from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder  # noqa: E402
+from core import Adapter, AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder  # noqa: E402
 from tests._prefix_checks import turns_through_the_cache  # noqa: E402
 
 
@@ -26,6 +27,10 @@ def main() -> int:
     if ad is None:
         return 0
     try:
+        mismatched = [name for name, want in vars(Adapter).items() if callable(want) and not name.startswith("_")
+                      and list(inspect.signature(getattr(ad, name)).parameters)
+                      != [q for q in inspect.signature(want).parameters if q != "self"]]
+        assert isinstance(ad, Adapter) and not mismatched, mismatched   # core sees one adapter
         greedy, out = SamplerConfig(temperature=0), {"ar": [], "mtp": {}, "describe": ad.describe(),
                                                       "ranks": ad.ranks(),
                                                       "held": sum(p is not None for p in ad.local.stack.layers)}

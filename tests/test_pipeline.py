@@ -78,3 +78,17 @@ def test_a_rank_with_another_checkpoint_is_refused_by_name(tiny_checkpoint, tmp_
     assert codes[0] != 0 and codes[1] != 0, text
     assert "rank 1 was started with another checkpoint" in text
     assert not (tmp_path / "out.json").exists()
+
+
+def test_the_split_balances_bytes_by_memory_and_gives_every_rank_a_layer():
+    from adapters.pipeline.split import split_layers
+
+    # rank 0 holds the last layers and the head's bytes; rank N-1 the first layers
+    assert split_layers([10] * 4, 2) == [range(2, 4), range(0, 2)]
+    assert split_layers([10] * 12, 2, extra=40) == [range(8, 12), range(0, 8)]
+    # a rank with three times the memory takes about three times the layers
+    assert split_layers([10] * 8, 2, capacity=[3, 1]) == [range(2, 8), range(0, 2)]
+    assert split_layers([10] * 4, 4) == [range(3, 4), range(2, 3), range(1, 2), range(0, 1)]
+    assert split_layers([1000, 1, 1, 1], 3) == [range(2, 4), range(1, 2), range(0, 1)]
+    with pytest.raises(ValueError):
+        split_layers([10] * 2, 3)
