@@ -3,7 +3,8 @@
     python tests/_pipeline_rank.py JOB.json
 
 JOB: {"model": dir, "load": {load_adapter kwargs}, "prompts": [[ids]], "depths": [...],
-"max_tokens": n, "out": file, "sampled_seeds": [...], "prefix_depth": d}. Rank 0 decodes every prompt greedily with AR and with MTP at each
+"max_tokens": n, "out": file, "sampled_seeds": [...], "prefix_depth": d,
+"chi_square": {"prompt", "runs", "top_k"}}. Rank 0 decodes every prompt greedily with AR and with MTP at each
 depth through the pipeline, samples at depth 2 with each seed, runs chat turns through the prefix
 cache (tests/_prefix_checks: cached == fresh), and writes the tokens to "out"; the other ranks serve
 until it stops.
@@ -44,6 +45,13 @@ def main() -> int:
             toks, _ = SpeculativeDecoder(ad, sampler=SamplerConfig(temperature=1.0), seed=seed, depth=2).generate(
                 job["prompts"][0], max_tokens=32)
             out.setdefault("sampled", []).append(toks)
+        chi = job.get("chi_square")
+        if chi:   # sampled runs for a chi-square against the exact distribution (computed by the test)
+            sampler, runs = SamplerConfig(temperature=1.0, top_p=1.0, top_k=chi["top_k"]), []
+            for seed in range(chi["runs"]):
+                ids, stats = SpeculativeDecoder(ad, sampler=sampler, seed=seed, depth=2).generate(chi["prompt"], max_tokens=4)
+                runs.append([ids, stats.accepted, stats.proposed])
+            out["chi_square"] = runs
         if job.get("prefix_depth"):
             out["prefix_cached_tokens"] = turns_through_the_cache(ad, job["prefix_depth"]).cached_tokens
         Path(job["out"]).write_text(json.dumps(out))

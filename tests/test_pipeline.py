@@ -6,23 +6,26 @@ Through the pipeline, greedy MTP at depths 1-3 == AR == the single process over 
 dense and the MoE family (Qwen3-Next at depth 2); sampled MTP gives the single process's tokens
 seed for seed (the logits are bit-identical, so the sampled draws are too: a stronger check than a
 distribution's); chat turns
-through the prefix cache (each rank keeps its layers' states under one key) equal fresh ones. A rank
+through the prefix cache (each rank keeps its layers' states under one key) equal fresh ones; and
+sampled tokens 2-3 pass a chi-square against the exact distribution (enumerated in this process). A rank
 started with another checkpoint is refused by name. Every wait has a timeout; ranks are killed in a
 finally (tests/_pipeline.py).
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
 from adapters import load_adapter
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
-from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
+from tests._engine_helpers import GREEDY, MIXED, chi_square_pvalue, exact_joint, make_mixed_head, marginal
 from tests._pipeline import logs, run_job
 
 PROMPTS = [list(range(5, 25)), [100, 7, 300, 42]]
 SEEDS = [0, 1, 2]
+CHI = {"prompt": [11, 12, 13], "runs": 300, "top_k": 4}
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
@@ -32,7 +35,8 @@ def test_two_ranks_decode_exactly_as_one_process(tiny_checkpoint, tmp_path, fami
     full = family != "qwen3_next"
     job = {"model": str(path), "load": {"hidden_variant": "post_norm"}, "prompts": PROMPTS,
            "depths": [1, 2, 3] if full else [2], "max_tokens": 128, "out": str(tmp_path / "out.json"),
-           "sampled_seeds": SEEDS if full else [], "prefix_depth": 2 if family == "qwen3_5" else 0}
+           "sampled_seeds": SEEDS if full else [], "prefix_depth": 2 if family == "qwen3_5" else 0,
+           "chi_square": CHI if family == "qwen3_5" else None}
     codes = run_job(tmp_path, job)
     assert codes == [0, 0], logs(tmp_path, 2)
     out = json.loads((tmp_path / "out.json").read_text())
@@ -56,6 +60,13 @@ def test_two_ranks_decode_exactly_as_one_process(tiny_checkpoint, tmp_path, fami
         assert tokens == single, seed
     if job["prefix_depth"]:
         assert out["prefix_cached_tokens"] > 0
+    if job["chi_square"]:   # sampled tokens 2 and 3 (the first cycle's drafts) against enumeration
+        sampler = SamplerConfig(temperature=1.0, top_p=1.0, top_k=CHI["top_k"])
+        exact = marginal(exact_joint(ad, sampler, CHI["prompt"], 3), (1, 2))
+        counts = Counter(tuple(ids[1:3]) for ids, _, _ in out["chi_square"] if len(ids) >= 3)
+        acc = sum(a for _, a, _ in out["chi_square"])
+        assert 0 < acc < sum(p for _, _, p in out["chi_square"])
+        assert chi_square_pvalue(counts, exact, sum(counts.values())) > 1e-3
 
 
 def test_a_rank_with_another_checkpoint_is_refused_by_name(tiny_checkpoint, tmp_path):
