@@ -4,11 +4,10 @@ Each rank is its own process (MLX_RANK + MLX_HOSTFILE, as `mlx.launch` sets them
 trunk of a tiny checkpoint (scripts/make_tiny_checkpoint.py, a head that accepts some drafts).
 Through the pipeline, greedy MTP at depths 1-3 == AR == the single process over 128 tokens, for the
 dense and the MoE family (Qwen3-Next at depth 2); sampled MTP gives the single process's tokens
-seed for seed (the logits are bit-identical, so the sampled draws are too: a stronger check than a
-distribution's); chat turns
-through the prefix cache (each rank keeps its layers' states under one key) equal fresh ones; and
-sampled tokens 2-3 pass a chi-square against the exact distribution (enumerated in this process). A rank
-started with another checkpoint is refused by name. Every wait has a timeout; ranks are killed in a
+seed for seed (the logits are bit-identical, so the sampled draws are too); sampled tokens 2-3 pass
+a chi-square against the exact distribution (enumerated in this process); chat turns through the
+prefix cache (each rank keeps its layers' states under one key) equal fresh ones. A rank started
+with another checkpoint is refused by name. Every wait has a timeout; ranks are killed in a
 finally (tests/_pipeline.py).
 """
 from __future__ import annotations
