@@ -8,13 +8,16 @@ Rank N-1 holds the first layers and the embedding; activations travel N-1 -> N-2
 each hop a neighbour on the ring (rank 0 reaches rank N-1 around it).
 
 - split.py: which layers each rank holds (contiguous ranges, balanced by bytes);
-- wire.py: the few messages (a fixed-size header, then the tokens or the hidden state);
+- wire.py: the few messages (a fixed-size header, then the tokens or the hidden state), and a
+  wait that does not spin (the ring backend's receive polls);
 - stage.py: one rank's layers, caches, captured verify states and snapshots;
 - adapter.py: rank 0's `PipelineAdapter`, one core.model.Adapter to core: a forward sends the
   tokens into the pipeline and finishes the last layers; rollback, frees and snapshots ride on
   the next header, so committing a verify costs no message of its own;
 - worker.py: the loop every other rank runs, following rank 0's headers;
-- launch.py: start a rank (load, split, check that every rank has the same checkpoint and code).
+- watchdog.py: a rank that stops answering (MLX cannot cancel a receive: its sockets are cut);
+- launch.py: start a rank (check that every rank has the same checkpoint and code, then load only
+  this rank's layers, split by bytes and memory).
 
 Imports: adapters.qwen3_5 and core.model only (a family's layers are run here, core never
 imports this package).
