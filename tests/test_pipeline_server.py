@@ -1,6 +1,7 @@
 """`mtp-chat --distributed` on 2 ranks on localhost (ring backend): rank 0 serves, rank 1 holds half
-the layers with no HTTP port. One chat turn through the official `openai` client; then rank 1 stops
-answering (SIGSTOP) with a request in flight, and is killed: the request fails with a 503 error
+the layers with no HTTP port. One chat turn through the official `openai` client, the same again
+after a client disconnected mid-reply; then rank 1 stops answering (SIGSTOP) with a request in
+flight, and is killed: the request fails with a 503 error
 object naming rank 1 within 10 s of the kill, rank 0 logs one line, and the next request is
 refused at once. A second server, with --pipeline-timeout 3, shows a silent rank (SIGSTOP only)
 failing the request in flight after the timeout instead of hanging. One race in a real browser
@@ -62,6 +63,12 @@ def test_a_chat_turn_then_a_killed_worker_gives_a_503_within_10_s(model, tmp_pat
         reply = _ask(client, name)
         assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
         assert reply.choices[0].message.content
+        # a client that disconnects mid-reply: its caches are dropped on every rank, nothing changes
+        stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Tell me a story"}],
+                                                max_tokens=2000, stream=True)
+        next(iter(stream))
+        stream.close()
+        assert _ask(client, name).choices[0].message.content == reply.choices[0].message.content
 
         os.kill(procs[1].pid, signal.SIGSTOP)          # rank 1 stops answering ...
         failed: list = []
