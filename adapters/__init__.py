@@ -50,11 +50,13 @@ def load_adapter(
     path: Union[str, Path], *, hidden_variant: Optional[str] = None, compute_dtype: str = "auto",
     compiled: Optional[bool] = None, gpu_kernels: Optional[bool] = None, concat_order: Optional[str] = None,
     log: Optional[Callable[[str], None]] = None, settings=None, drafter: Optional[Union[str, Path]] = None,
+    held_layers: Optional[Callable] = None,
 ):
     """Load trunk + MTP head. compute_dtype: "auto" (fp32 on the CPU backend), "float32", "native".
 
     compiled / gpu_kernels / hidden_variant / drafter: None takes the settings' value (core.settings).
-    drafter: the directory of a drafter kept as its own checkpoint (Gemma 4's assistant)."""
+    drafter: the directory of a drafter kept as its own checkpoint (Gemma 4's assistant).
+    held_layers: a pipeline rank's choice of trunk layers (adapters/pipeline/; LoadOptions)."""
     ckpt, config = open_checkpoint(path)
     family = family_of(config, ckpt)
     if (drafter is not None or getattr(settings, "drafter", None)) and not getattr(family, "SEPARATE_DRAFTER", False):
@@ -63,7 +65,8 @@ def load_adapter(
                               "Leave --drafter out.")
     options = LoadOptions.from_settings(settings, hidden_variant=hidden_variant, compute_dtype=compute_dtype,
                                         compiled=compiled, gpu_kernels=gpu_kernels, concat_order=concat_order,
-                                        log=log, drafter=None if drafter is None else str(drafter))
+                                        log=log, drafter=None if drafter is None else str(drafter),
+                                        held_layers=held_layers)
     return family.load(ckpt, config, options)
 
 

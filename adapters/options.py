@@ -27,6 +27,9 @@ class LoadOptions:
     gpu_kernels: bool = True              # the adapter's own CUDA / Metal kernels
     drafter: Optional[str] = None         # a drafter kept in its own checkpoint (Gemma 4's assistant)
     image_max_pixels: Optional[int] = None  # bounds the vision tower's resize (None: the checkpoint's own)
+    # A pipeline's rank (adapters/pipeline/): (bytes of each trunk layer, bytes of the head and output
+    # projection) -> the range of layers this rank holds; the others are never read from disk.
+    held_layers: Optional[Callable] = field(default=None, compare=False)
     log: Callable[[str], None] = field(default=_say, compare=False)
 
     @classmethod

@@ -93,7 +93,7 @@ def sure_adapter(tiny_checkpoint):
 # run longest first (SLOWEST, measured on a 2-core CPU) so that no worker is left alone with a long
 # module at the end; scripts/test.sh passes --no-loadscope-reorder, or xdist would order the
 # modules by their number of tests.
-SLOWEST = ["test_engine_exactness.py", "test_gemma4.py", "test_families.py", "test_batch.py",
+SLOWEST = ["test_pipeline.py", "test_engine_exactness.py", "test_gemma4.py", "test_families.py", "test_batch.py",
            "test_structured_clients.py", "test_webapp_browser.py", "test_constraints.py", "test_disk_restart.py",
            "test_prefix_cache.py", "test_api_fuzz_agents.py", "test_server_shutdown.py", "test_race_truth.py",
            "test_webapp_server.py", "test_api.py", "test_thinking_browser.py", "test_batch_api.py",

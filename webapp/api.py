@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .api_anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
 from .api_decode import Turns
-from .api_errors import ApiError, error_body, error_response
+from .api_errors import ApiError, decode_failure, error_body, error_response
 from .api_format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
 from .api_prompt import chat_prompt, completion_prompt
 from .api_request import ApiRequest, loads, parse_chat, parse_completion
@@ -302,8 +302,7 @@ class OpenAIApi:
         except ApiError as exc:
             return self.refuse(request, exc, shape)
         except Exception as exc:   # noqa: BLE001 - the engine failed; the server goes on
-            return self.refuse(request, ApiError(500, f"The decode failed: {type(exc).__name__}: {exc}",
-                                                 code="decode_failed"), shape)
+            return self.refuse(request, decode_failure(exc), shape)
 
     async def stream(self, run: Run, reply: Reply) -> AsyncIterator[bytes]:
         if reply.kind == "chat":
@@ -324,7 +323,7 @@ class OpenAIApi:
             yield DONE
             return
         except Exception as exc:   # noqa: BLE001 - the engine failed: say so in the stream
-            yield sse(error_body(500, f"The decode failed: {type(exc).__name__}: {exc}", code="decode_failed"))
+            yield sse(decode_failure(exc).body())
             yield DONE
             return
         for delta in ending.deltas:

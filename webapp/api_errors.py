@@ -40,3 +40,11 @@ def error_response(exc: ApiError):
 
 def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def decode_failure(exc: Exception) -> ApiError:
+    """An engine failure as an error object: 503 when the exception says the service is down for
+    now (a pipeline that lost a rank: adapters/pipeline/ sets http_status), else 500."""
+    status = getattr(exc, "http_status", 500)
+    code = "service_unavailable" if status == 503 else "decode_failed"
+    return ApiError(status, f"The decode failed: {type(exc).__name__}: {exc}", code=code)

@@ -46,6 +46,13 @@ def build_parser(defaults) -> argparse.ArgumentParser:
     p.add_argument("--clear-cache", action="store_true",
                    help="delete the prefix cache on disk (every model's conversation states, under "
                         "$MTP_CHAT_CACHE_DIR or the user's cache folder) and exit")
+    p.add_argument("--distributed", nargs="?", const="ring", default=None, metavar="BACKEND",
+                   help="run as one rank of a pipeline over mx.distributed (ring, jaccl, nccl; default ring): start "
+                        "every rank with one command, e.g. 'mlx.launch --hosts h1,h2 --backend ring -- mtp-chat "
+                        "--distributed --model DIR'; rank 0 serves, the others hold layers (see README)")
+    p.add_argument("--pipeline-timeout", type=float, default=60.0, metavar="S",
+                   help="with --distributed: rank 0's longest wait for the other ranks in one exchange before it "
+                        "declares one lost (default %(default)s)")
     return p
 
 
@@ -114,17 +121,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .params import parse_params
     from .server import Shutdown
 
+    load, group = None, None
+    if args.distributed:
+        from . import distributed
+
+        settings = distributed.prepare(settings)
+        rank, group = distributed.rank_of(args.distributed)
+        if rank != 0:   # a worker: no HTTP port, follows rank 0 until it stops
+            return distributed.serve_worker(model_dir, settings, group, args.distributed, log=say)
+        load = distributed.loader(group, args.distributed, args.pipeline_timeout)
+
     shutdown = Shutdown(log=say).install()   # from here on Ctrl+C / SIGTERM exit 0, never abort
 
     runtime = describe_runtime()
     print(f"mtp-chat: {runtime}", flush=True)
     try:
-        host_model = ModelHost.load(model_dir, settings, log=lambda m: print(f"mtp-chat: {m}", flush=True))
+        host_model = ModelHost.load(model_dir, settings, log=lambda m: print(f"mtp-chat: {m}", flush=True), load=load)
     except Exception as exc:
         print(f"mtp-chat: could not load the model from {model_dir}: {exc}", file=sys.stderr)
         return 1
     print(f"mtp-chat: model: {host_model.description}", flush=True)
     print(f"mtp-chat: exactness: {host_model.exactness}", flush=True)
+    if group is not None:
+        for line in distributed.banner(host_model.adapter):
+            say(line)
+        shutdown.before_exit.append(lambda: host_model.worker.call(host_model.adapter.close))
     shutdown.before_exit.append(host_model.flush_cache)
     disk = host_model.prefix_cache.disk if host_model.prefix_cache is not None else None
     if disk is not None:

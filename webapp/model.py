@@ -115,14 +115,16 @@ class ModelHost:
             self.worker.later(self.prefix_cache.spill).result(timeout)
 
     @classmethod
-    def load(cls, path, settings, log: Callable[[str], None] = print) -> "ModelHost":
+    def load(cls, path, settings, log: Callable[[str], None] = print, load=None) -> "ModelHost":
+        """`load(path, settings=, log=)` -> adapter, on the model thread: load_adapter, or rank 0's
+        part of a pipeline (webapp/distributed.py)."""
         from adapters import load_adapter
 
         path = Path(path)
         log(f"Loading model from {path} ...")
         t0 = time.perf_counter()
         worker = ModelWorker()   # the model lives on its own thread (see worker.py)
-        adapter = worker.call(load_adapter, path, settings=settings, log=log)
+        adapter = worker.call(load or load_adapter, path, settings=settings, log=log)
         log(f"Loaded in {time.perf_counter() - t0:.1f} s")
         return cls(adapter, settings, path, worker, log=log)
 

@@ -69,8 +69,9 @@ class HybridAdapter:
         self.vision = vision          # the vision tower (vision.Vision) or None: the model reads text only
         self._output, self.tied = output, tied  # tied: the output projection is the embedding table
         self.stack = Stack(
-            layers=[GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear else AttnParams(l, MlpParams.of(l.mlp))
-                    for l in inner.layers],
+            # None: a layer another rank of a pipeline holds (adapters/pipeline/)
+            layers=[None if not hasattr(l, "mlp") else GdnParams(l, project, MlpParams.of(l.mlp)) if l.is_linear
+                    else AttnParams(l, MlpParams.of(l.mlp)) for l in inner.layers],
             fa_idx=next(i for i, l in enumerate(inner.layers) if not l.is_linear),
             ssm_idx=next(i for i, l in enumerate(inner.layers) if l.is_linear),
         )
@@ -121,10 +122,14 @@ class HybridAdapter:
         h, gdn = layers.run_trunk(run, self.stack, run.enter(x), cache, capture, delta=before, pos=pos)
         if images:
             cache.rope_delta = after
+        return self.outputs(run, h, all_logits, Captured(tokens.shape[1], gdn) if capture else None)
+
+    def outputs(self, run, h: mx.array, all_logits: bool, captured: Optional[Captured]):
+        """The last layer's hidden -> what `forward` returns (a pipeline's last stage calls this
+        on the hidden state it received: adapters/pipeline/)."""
         post = run.final_norm(self.inner.norm, h)
         logits = self.lm_head(post if all_logits else post[..., -1:, :], run)
-        return (run.leave(logits), run.leave(h if self._pre_norm else post),
-                Captured(tokens.shape[1], gdn) if capture else None)
+        return run.leave(logits), run.leave(h if self._pre_norm else post), captured
 
     def _with_pictures(self, x: mx.array, cache: list, images):
         """Embeddings [1, T, H] with each picture's tower output in place, the chunk's positions
@@ -214,32 +219,16 @@ class HybridAdapter:
         """Attention KV buffers with their lengths, GDN conv windows and recurrent states, the
         head's KV history: references to the caches' own arrays."""
         arrays, meta = {}, {}
-
-        def kv(name, c):
-            meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
-            if c.keys is not None:
-                arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
-
-        for i, c in enumerate(cache):
-            if isinstance(c, KVCache):
-                kv(f"trunk.{i}", c)
-            else:
-                for j, part in enumerate(("conv", "state")):
-                    if c[j] is not None:
-                        arrays[f"trunk.{i}.{part}"] = c[j]
-        kv("draft", draft)
+        snapshot_trunk(cache, arrays, meta)
+        _snapshot_kv("draft", draft, arrays, meta)
         if getattr(cache, "rope_delta", 0):
             meta["rope_delta"] = cache.rope_delta
         return State(arrays, meta)
 
     def restore(self, state: State, cache: list, draft: KVCache) -> None:
         """Each KV cache gets its own array objects over the snapshot's data (`_own`)."""
+        restore_trunk(state, cache)
         a, meta = state.arrays, state.meta
-        for i, c in enumerate(cache):
-            if isinstance(c, KVCache):
-                c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
-            else:
-                c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")
         draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
         cache.rope_delta = int(meta.get("rope_delta", 0))
 
@@ -258,3 +247,30 @@ class HybridAdapter:
             f"{c.layout}), hidden variant {c.hidden_variant}, compute {self.compute_dtype}, backend {self.backend.name}"
             + (f"; {self.vision.describe()}" if self.vision is not None else "; text only (no vision tower)")
         )
+
+
+# -- snapshots of trunk layers (also a pipeline stage's own layers: adapters/pipeline/) ------------
+def _snapshot_kv(name: str, c: KVCache, arrays: dict, meta: dict) -> None:
+    meta[name + ".keys.length"] = meta[name + ".values.length"] = c.offset
+    if c.keys is not None:
+        arrays[name + ".keys"], arrays[name + ".values"] = c.keys, c.values
+
+
+def snapshot_trunk(cache: list, arrays: dict, meta: dict, first: int = 0) -> None:
+    """cache[i] is trunk layer first + i; its arrays go under trunk.<first + i>.*"""
+    for i, c in enumerate(cache, first):
+        if isinstance(c, KVCache):
+            _snapshot_kv(f"trunk.{i}", c, arrays, meta)
+        else:
+            for j, part in enumerate(("conv", "state")):
+                if c[j] is not None:
+                    arrays[f"trunk.{i}.{part}"] = c[j]
+
+
+def restore_trunk(state: State, cache: list, first: int = 0) -> None:
+    a, meta = state.arrays, state.meta
+    for i, c in enumerate(cache, first):
+        if isinstance(c, KVCache):
+            c.keys, c.values, c.offset = _own(a.get(f"trunk.{i}.keys")), _own(a.get(f"trunk.{i}.values")), meta[f"trunk.{i}.keys.length"]
+        else:
+            c[0], c[1] = a.get(f"trunk.{i}.conv"), a.get(f"trunk.{i}.state")

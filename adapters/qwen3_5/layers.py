@@ -213,8 +213,8 @@ class Stack:
     """The trunk as the backends run it: its layers' parameters and its cache kinds."""
 
     layers: List[Any]            # GdnParams or AttnParams, one per trunk layer
-    fa_idx: int                  # first attention layer (its cache makes the attention mask)
-    ssm_idx: int                 # first Gated-DeltaNet layer
+    fa_idx: Optional[int]        # first attention layer (its cache makes the attention mask)
+    ssm_idx: Optional[int]       # first Gated-DeltaNet layer (None: a pipeline stage without one)
 
 
 def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta: int = 0,
@@ -225,7 +225,8 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
     `delta` (the rope delta after a picture), or `pos` when given (a RoPE table (cos, sin): a
     chunk with a picture's multimodal positions)."""
     S = h.shape[-2]
-    fa_mask, ssm_mask = run.masks(h, cache[stack.fa_idx], cache[stack.ssm_idx])
+    fa_mask, ssm_mask = run.masks(h, None if stack.fa_idx is None else cache[stack.fa_idx],
+                                  None if stack.ssm_idx is None else cache[stack.ssm_idx])
     captured = {}
     for i, (p, c) in enumerate(zip(stack.layers, cache)):
         if isinstance(p, GdnParams):

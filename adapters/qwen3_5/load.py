@@ -109,6 +109,31 @@ def _expert_count(family: Family, tensors: dict, tc: dict) -> Optional[str]:
     return None
 
 
+class Elsewhere(nn.Module):
+    """A trunk layer another rank of a pipeline holds: its kind, no weights."""
+
+    def __init__(self, is_linear: bool):
+        super().__init__()
+        self.is_linear = is_linear
+
+
+def _nbytes(module) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))   # shapes only: nothing is read
+
+
+def hold_only(inner, output, tied: bool, head_tensors: dict, held_layers: Callable) -> None:
+    """Keep the layers `held_layers(sizes, extra)` names; the others become `Elsewhere` before
+    anything is read from disk (the trunk was loaded lazily), so a rank needs memory for its own."""
+    extra = sum(t.nbytes for t in head_tensors.values()) + (0 if tied else _nbytes(output))
+    held = held_layers([_nbytes(l) for l in inner.layers], extra)
+    for i, layer in enumerate(inner.layers):
+        if i not in held:
+            inner.layers[i] = Elsewhere(layer.is_linear)
+    mx.eval(inner.parameters(), output.parameters())   # the held layers, the embedding, the output, now
+
+
 def load_family(family: Family, path: Path, config: dict, options: LoadOptions) -> HybridAdapter:
     tc = family.text_config(config)
     _check_config(family, path, config, tc)
@@ -150,7 +175,7 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
     from mlx_lm.utils import dequantize_model, load as mlx_lm_load
 
     try:
-        model, tokenizer = mlx_lm_load(str(path))
+        model, tokenizer = mlx_lm_load(str(path), lazy=options.held_layers is not None)
     except Exception as exc:
         bad = _unreadable_trunk_file(path)
         raise CheckpointError(
@@ -162,6 +187,8 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
         ) from None
 
     inner, output, tied = family.parts(model)
+    if options.held_layers is not None:
+        hold_only(inner, output, tied, found.tensors, options.held_layers)
     head = MTPHead(tc["hidden_size"], tc.get("rms_norm_eps", 1e-6), family.head_layer(tc), concat_order)
     head = build_mtp_head(head, found.tensors, quantized, qparams, quant, convention == "zero_centered")
 
@@ -177,7 +204,8 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
                 to_row_major(module)
         mx.eval(model.parameters(), head.parameters())
 
-    ropes = [l.self_attn.rope for l in inner.layers if not l.is_linear] + [head.layers[0].self_attn.rope]
+    ropes = [l.self_attn.rope for l in inner.layers if not l.is_linear and not isinstance(l, Elsewhere)]
+    ropes.append(head.layers[0].self_attn.rope)
     backend = backends.choose(compute_dtype, ropes, compiled=options.compiled, gpu_kernels=options.gpu_kernels,
                               log=options.log)
     notes = []

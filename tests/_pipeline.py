@@ -1,0 +1,62 @@
+"""Start N ranks of a pipeline on localhost (ring backend, MLX_RANK + MLX_HOSTFILE), never hanging:
+every wait has a timeout and every rank is killed in a finally."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> List[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def hostfile(folder: Path, n: int) -> Path:
+    f = folder / "hosts.json"
+    f.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
+    return f
+
+
+def start_ranks(folder: Path, argv_of, n: int = 2, env: Optional[dict] = None) -> List[subprocess.Popen]:
+    """argv_of(rank) -> the command of that rank; stdout+stderr to folder/rank<r>.log."""
+    hosts = hostfile(folder, n)
+    procs = []
+    for r in range(n):
+        log = open(folder / f"rank{r}.log", "w")
+        procs.append(subprocess.Popen(argv_of(r), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                      env={**os.environ, **(env or {}), "MLX_RANK": str(r), "MLX_HOSTFILE": str(hosts)}))
+    return procs
+
+
+def logs(folder: Path, n: int) -> str:
+    return "\n".join(f"--- rank {r}\n" + (folder / f"rank{r}.log").read_text()[-3000:] for r in range(n))
+
+
+def stop(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def run_job(folder: Path, job: dict, n: int = 2, timeout: float = 120) -> List[int]:
+    """Run tests/_pipeline_rank.py on n ranks; returns their exit codes (killed past `timeout`)."""
+    f = folder / "job.json"
+    f.write_text(json.dumps(job))
+    procs = start_ranks(folder, lambda r: [sys.executable, str(REPO / "tests" / "_pipeline_rank.py"), str(f)], n)
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        stop(procs)
