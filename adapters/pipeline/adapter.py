@@ -127,7 +127,10 @@ class PipelineAdapter:
         return self.stage.state_arrays(cache) + ([draft.state] if draft is not None else [])
 
     # -- trunk -------------------------------------------------------------------------------
-    def forward(self, tokens: mx.array, cache, *, all_logits: bool = True, capture: bool = False, fast: bool = True):
+    def forward(self, tokens: mx.array, cache, *, all_logits: bool = True, capture: bool = False, fast: bool = True,
+                images=()):
+        if images:  # the adapter has no `vision`: the app and the API refuse pictures before this
+            raise ValueError("pictures are not read over a pipeline of ranks: start the model on one machine")
         if tokens.shape[0] != 1:
             raise ValueError("the pipeline decodes one sequence at a time (B = 1)")
         T = tokens.shape[1]
