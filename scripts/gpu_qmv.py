@@ -24,29 +24,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import adapters  # noqa: E402,F401  (BLAS preload before mlx)
 import mlx.core as mx  # noqa: E402
 
 from adapters.kernels import cuda_qmm  # noqa: E402
+from scripts.gpu_check import SHAPES_9B, log  # noqa: E402
 
-# (K, N) of the 9B's linears, and the fused ones (rows of linears that share an input, concatenated).
-SHAPES = {
-    "gdn in (qkv|z|b|a)": (4096, 12352),
-    "gdn qkv / attn q": (4096, 8192),
-    "o_proj / gdn out / z": (4096, 4096),
-    "attn q|k|v": (4096, 10240),
-    "mlp gate|up": (4096, 24576),
-    "mlp gate / up": (4096, 12288),
-    "mlp down": (12288, 4096),
-    "attn k / v": (4096, 1024),
-    "mtp fc": (8192, 4096),
-    "lm_head": (4096, 248320),
-}
+# (K, N) of the 9B's linears, and the joined ones (rows of linears that share an input, concatenated).
+SHAPES = {"gdn in (qkv|z|b|a)": (4096, 12352), "attn q|k|v": (4096, 10240), "mlp gate|up": (4096, 24576),
+          **SHAPES_9B, "mtp fc": (8192, 4096)}
 L2 = 60 << 20
-T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
 def weights(K: int, N: int, bits: int, gs: int, copies: int, seed: int):
