@@ -8,8 +8,8 @@ x 8 token columns, fp32 accumulation). Token columns never mix in an mma, and th
 and the split over warps are fixed, so a row's result does not depend on how many rows
 travel with it: AR steps and verifies compute the same logits.
 
-Any family's quantized linears can use it (`linear_rows` takes an nn.QuantizedLinear or the
-tied QuantizedEmbedding). The kernel is built lazily on first use; nothing here runs on the
+Any family's quantized linears can use it (`module_fits` says which: an nn.QuantizedLinear or
+the tied QuantizedEmbedding). The kernel is built lazily on first use; nothing here runs on the
 CPU backend. The shape rules (`qmm_supported`) are plain Python and tested on the CPU.
 """
 from __future__ import annotations
@@ -315,14 +315,11 @@ def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[
     return template, (N // (16 * tiles) * warps * 32, 1, 1), (warps * 32, 1, 1)
 
 
-def linear_rows(module, x: mx.array, residual: Optional[mx.array] = None) -> Optional[mx.array]:
-    """x @ dequant(module.weight).T (+ residual) through the kernel for an nn.QuantizedLinear
-    without bias (or a tied nn.QuantizedEmbedding used as the output projection); None where it
-    does not apply (the caller then uses the module itself)."""
-    if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in module:
-        return None
-    w, scales, biases = module["weight"], module["scales"], module.get("biases")
-    if biases is None or not qmm_supported(x.shape, x.dtype, w.shape, scales.dtype, module.bits,
-                                           module.group_size, module.mode):
-        return None
-    return quantized_matmul_rows(x, w, scales, biases, module.bits, module.group_size, residual)
+def module_fits(module, rows: int, K: int, dtype) -> bool:
+    """Whether an nn.QuantizedLinear without bias (or a tied nn.QuantizedEmbedding used as the
+    output projection) runs through quantized_matmul_rows for `rows` rows of K values."""
+    if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in module \
+            or module.get("biases") is None:
+        return False
+    return qmm_supported((rows, K), dtype, module["weight"].shape, module["scales"].dtype, module.bits,
+                         module.group_size, module.mode)

@@ -388,13 +388,11 @@ class GpuKernels(MlxOps):
         return super().linear_add(m, x, residual)
 
     def linears(self, modules, x):
-        fused = self._fuse(tuple(modules)) if self.row_kernel and len(modules) > 1 else None
-        if fused is None or not cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype,
-                                                      fused.weight.shape, fused.scales.dtype, fused.bits,
-                                                      fused.group_size):
+        joined = self._joined(modules, x)
+        if joined is None:
             return super().linears(modules, x)
-        y = _kernel_rows(x, fused.weight, fused.scales, fused.biases, fused.bits, fused.group_size)
-        return mx.split(y, fused.ends[:-1], axis=-1)
+        y = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return mx.split(y, joined.ends[:-1], axis=-1)
 
     def lm_head(self, module, tied: bool, x):
         return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
@@ -409,10 +407,8 @@ class GpuKernels(MlxOps):
                 or xn.ndim != 3 or xn.shape[0] != 1:
             return None
         at = p.attn
-        joined = self._fuse((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a))
-        if joined is None or not gdn_fused.supported(xn.shape[1], p.Hk, p.Hv, p.Dk, p.Dv, p.K, state.dtype, xn.dtype) \
-                or not cuda_qmm.qmm_supported((1, xn.shape[-1]), xn.dtype, joined.weight.shape, joined.scales.dtype,
-                                              joined.bits, joined.group_size):
+        joined = self._joined((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a), xn)
+        if joined is None or not gdn_fused.supported(xn.shape[1], p.Hk, p.Hv, p.Dk, p.Dv, p.K, state.dtype, xn.dtype):
             return None
         if id(p) not in self._gdn_inputs:  # made on the layer's first (eager) call, never inside a trace
             conv_w = at.conv1d.weight.reshape(p.conv_dim, p.K)
@@ -433,6 +429,17 @@ class GpuKernels(MlxOps):
         flat = x.reshape(rows, x.shape[-1])
         y = mx.concatenate([plain(flat[i:i + QMV_ROWS]) for i in range(0, rows, QMV_ROWS)])
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _joined(self, modules, x) -> Optional[_Fused]:
+        """The joined weight of `modules` where the row kernel serves it for x, else None."""
+        if not self.row_kernel or len(modules) < 2:
+            return None
+        joined = self._fuse(tuple(modules))
+        if joined is None or not cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype,
+                                                        joined.weight.shape, joined.scales.dtype, joined.bits,
+                                                        joined.group_size):
+            return None
+        return joined
 
     def _fuse(self, modules) -> Optional[_Fused]:
         key = tuple(id(m) for m in modules)
@@ -493,13 +500,16 @@ class CompiledGpuKernels(GpuKernels):
 
         def make():
             def step(x, conv_state, state):
+                # The conv window to keep is cut inside the compiled step: one primitive fewer a layer.
                 x, conv_input, states = layers.gdn_layer(self, p, x, conv_state, state, capture=capture)
-                return (x, conv_input, *states) if capture else (x, conv_input, states[-1])
+                keep = mx.contiguous(conv_input[:, -(p.K - 1):])
+                return (x, keep, conv_input, *states) if capture else (x, keep, states[-1])
             return step
 
         out = self._fn((id(p), "gdn", capture), make)(h, conv_state, state)
-        keep = mx.contiguous(out[1][:, -(p.K - 1):])
-        return out[0], keep, list(out[2:]), (out[1] if capture else None)
+        if capture:
+            return out[0], out[1], list(out[3:]), out[2]
+        return out[0], out[1], [out[2]], None
 
     def attention_in(self, p: AttnParams, x, pos):
         if not isinstance(pos, mx.array) or pos.ndim:
@@ -534,10 +544,7 @@ def _rows_of(x: mx.array) -> int:
 
 def _kernel_fits(m, x) -> bool:
     """Whether the row kernel serves module m for x (of any row count: wider goes 8 at a time)."""
-    if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or "bias" in m or m.get("biases") is None:
-        return False
-    return cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype, m["weight"].shape,
-                                  m["scales"].dtype, m.bits, m.group_size, m.mode)
+    return cuda_qmm.module_fits(m, min(_rows_of(x), MAX_ROWS), x.shape[-1], x.dtype)
 
 
 def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None):
