@@ -242,20 +242,30 @@ def long_stream(messages, max_tokens):
             "mode": "ar", **PLAIN}
 
 
+def stopped_api_decodes(host) -> float:
+    labels = {"lane": "ar", "depth": "0", "source": "api", "finish_reason": "stopped"}
+    return host.metrics.registry.get_sample_value("mtp_chat_requests_total", labels) or 0.0
+
+
 def test_a_client_that_disconnects_frees_the_model_within_a_cycle(url, server, host, long_messages):
     demo = server[1]
+    stopped_before = stopped_api_decodes(host)
     with httpx.stream("POST", url + "/v1/chat/completions", json=long_stream(long_messages, 3000), timeout=60) as r:
-        got = 0
+        # Leave at the first words, with the decode running. Look before leaving: breaking out of
+        # iter_lines closes its generator and with it the connection, so the server may already
+        # have stopped the decode by the line after the loop.
+        running = None
         for line in r.iter_lines():
-            got += line.startswith("data: ")
-            if got >= 20:
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                running = demo.stops.active()
                 break
-        assert demo.stops.active() == 1
+        assert running == 1
     t0 = time.perf_counter()
     while demo.stops.active() and time.perf_counter() - t0 < 5:
         time.sleep(0.01)
     assert demo.stops.active() == 0, "the decode did not stop"
     host.worker.call(lambda: None)                                    # the model thread is free
+    assert stopped_api_decodes(host) == stopped_before + 1            # ended by the client's leaving
     # a hang guard, not a speed limit: the 3000-token decode left to run would take ~30 s more
     assert time.perf_counter() - t0 < 10, time.perf_counter() - t0
 
