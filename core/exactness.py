@@ -3,9 +3,9 @@
 Greedy MTP equals greedy AR, and a batched reply equals the same reply decoded alone, token for
 token, when the target's logits come out the same: when every row of a k-row forward (a verify of
 k positions, a batch of k sequences) is computed as the 1-row decode step computes it. On a GPU
-our few-token runner makes that so (adapters/qwen3_5/backends.py: row-invariant attention, at
-most 4 rows per quantized matmul). On the CPU the float32 matmuls go to the BLAS, which picks its
-kernel by the product's shape and by the processor: OpenBLAS 0.3.21 on an AMD EPYC (AVX-512)
+our few-token runner makes that so (adapters/qwen3_5/gpu_runner.py: a quantized-matmul kernel that
+computes each row as alone, and row-invariant attention). On the CPU the float32 matmuls go to
+the BLAS, which picks its kernel by the product's shape and by the processor: OpenBLAS 0.3.21 on an AMD EPYC (AVX-512)
 sums a 12-row product in another order than a 3-row one, and the rows of a batched verify came
 out up to 6.7e-6 from the lone verify's; on other hosts they agree bit for bit. Where rows
 differ, they differ by float32 rounding, so greedy tokens are still equal unless two logits tie

@@ -9,7 +9,7 @@
    MTP (depth 2) compared with AR restored from the same snapshot.
 3. A sampled check: tokens 2-3 of many seeded runs, MTP (depth 2) vs AR (T=1, top-k 4), chi-square.
 4. The cost of exactness: a verify of width 2-4 in AR steps with the row-invariant attention
-   (backends.row_invariant_sdpa) on and off, at each `--context`.
+   (mlx_ops.row_invariant_sdpa) on and off, at each `--context`.
 
 Exits 1 if a greedy or sampled check fails.
 """

@@ -48,7 +48,7 @@ from mlx_lm.sample_utils import make_sampler  # noqa: E402
 
 from adapters import load_adapter  # noqa: E402
 from adapters.kernels import cuda_qmm  # noqa: E402
-from adapters.qwen3_5 import backends  # noqa: E402
+from adapters.qwen3_5 import backends, mlx_ops  # noqa: E402
 from core import AutoregressiveDecoder, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.stream import prefill  # noqa: E402
 from scripts.gpu_exact import forward_and_commit, forward_seconds  # noqa: E402
@@ -69,7 +69,7 @@ class Compiled(backends.CpuCompiled):
     def sdpa(self, q, k, v, scale, mask, cache):
         def one(q, k, v, scale, mask, cache):
             return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
-        return backends.row_invariant_sdpa(one, q, k, v, scale, mask, cache)
+        return mlx_ops.row_invariant_sdpa(one, q, k, v, scale, mask, cache)
 
 
 class CompiledKernels(Compiled):

@@ -1,4 +1,4 @@
-"""The CPU-compiled backend (adapters/qwen3_5/backends.py) against the MLX-ops one (= mlx-lm's modules)."""
+"""The CPU-compiled backend (adapters/qwen3_5/cpu_runner.py) against the MLX-ops one (= mlx-lm's modules)."""
 import mlx.core as mx
 import pytest
 

@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 
 from adapters import kernels, load_adapter
 from adapters.kernels import cuda_qmm as gk, gdn
-from adapters.qwen3_5 import backends
+from adapters.qwen3_5 import backends, mlx_ops
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
 from tests._ties import assert_greedy_equal
 
@@ -296,14 +296,14 @@ def test_row_invariant_attention_is_the_decode_steps_attention(L):
         calls.append((q.shape[2], k.shape[2], mask))
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
-    out = backends.row_invariant_sdpa(sdpa, q, k, v, 0.125, "causal", cache=object())
+    out = mlx_ops.row_invariant_sdpa(sdpa, q, k, v, 0.125, "causal", cache=object())
     assert calls == [(1, S - L + i + 1, None) for i in range(L)]
     for i in range(L):
         n = S - L + i + 1
         step = mx.fast.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], scale=0.125)
         assert mx.array_equal(out[:, :, i:i + 1], step).item(), i
     calls.clear()
-    one = backends.row_invariant_sdpa(sdpa, q[:, :, :1], k, v, 0.125, None, cache=object())
+    one = mlx_ops.row_invariant_sdpa(sdpa, q[:, :, :1], k, v, 0.125, None, cache=object())
     assert calls == [(1, S, None)] and one.shape == (1, H, 1, D)
 
 

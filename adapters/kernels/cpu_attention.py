@@ -6,7 +6,7 @@ attention layer in exp alone, and a chat turn's time to first token grew with th
 `mx.power(e, x)` is the same function at 3x the speed there (~4 ns; relative error ~6e-7 from e
 rounded to float32, far below what the fp32 attention keeps anyway). GQA is done by grouping
 the queries instead of repeating the keys. A family's attention layer takes this as its scaled
-dot-product attention for long forwards on the CPU (adapters/qwen3_5/backends.py).
+dot-product attention for long forwards on the CPU (adapters/qwen3_5/mlx_ops.py).
 """
 from __future__ import annotations
 

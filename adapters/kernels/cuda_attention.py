@@ -3,7 +3,7 @@ output gate applied: two CUDA launches whatever the row count.
 
 Why: a verify's rows must be the decode steps' rows bit for bit, and MLX's attention over several
 queries reduces in another order than over one, so the GPU runner has computed a verify's
-attention one query at a time (backends.row_invariant_sdpa): per row a slice of the cache and an
+attention one query at a time (mlx_ops.row_invariant_sdpa): per row a slice of the cache and an
 SDPA call, which for head_dim 256 MLX runs as matmul + softmax + matmul set up per call; then the
 gate's transpose, reshape, sigmoid and product. Here:
 

@@ -5,7 +5,9 @@ The package is the model written once and run by one backend:
 
 - layers.py: the reference math (the Gated-DeltaNet layer with per-position capture, gated
   attention with partial RoPE, the dense or routed MLP, the head's input);
-- backends.py: how it runs (MLX ops, CPU-compiled, CUDA kernels, Metal kernels), chosen once at load;
+- backends.py: how it runs (MLX ops, CPU-compiled, CUDA kernels, Metal kernels), chosen once at load,
+  from the runners in mlx_ops.py (MLX's own ops), cpu_runner.py (compiled CPU layers) and
+  gpu_runner.py (the GPU kernels, compiled per layer);
 - head.py: the MTP head's tensors (Hugging Face names) and the module they load into;
 - adapter.py: the adapter contract of core/model.py (caches, forward, rollback, the head as
   drafter, prefix-cache snapshots);

@@ -1,0 +1,270 @@
+"""The GPU runners: MLX's ops with the adapter's own kernels for a few positions of one sequence.
+
+Every quantized linear of 1-8 rows goes through the row kernel (kernels/cuda_qmm.py): the
+weights read once for all rows, each row's arithmetic as alone, so a verify's rows are the decode
+steps' rows by construction. Linears that share an input are joined into one product (`_fuse`),
+residuals are added inside it, and `CompiledGpuKernels` compiles each layer's few-token forward
+(the host's graph building was the step's bottleneck: docs/bench/2026-12-02/GPU.md).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..kernels import cuda_attention, cuda_qmm, gdn, gdn_fused
+from . import layers
+from .layers import AttnParams, GdnParams
+from .mlx_ops import MlxOps
+
+QMV_ROWS = 4  # MLX CUDA's quantized matmul computes each of up to 4 rows as it computes one
+
+
+@dataclass
+class _Fused:
+    """Linears that share an input as one weight: their rows concatenated (views of it stay in
+    the modules, so nothing is held twice) and where each one's outputs end."""
+
+    weight: mx.array
+    scales: mx.array
+    biases: mx.array
+    bits: int
+    group_size: int
+    ends: List[int]
+
+
+class GpuKernels(MlxOps):
+    """MLX's ops with the adapter's own kernels where they apply (a few positions, one sequence).
+
+    On CUDA every quantized linear of 1-8 rows goes through the row kernel (kernels/cuda_qmm.py):
+    one launch reads the weights once for all rows, and a row's result does not depend on how
+    many rows travel with it, so a verify row is the decode step's row bit for bit (greedy MTP
+    == AR) and a verify costs about one decode step in weight reads. Linears that share an input
+    (a Gated-DeltaNet layer's four input projections, gate and up, q/k/v) run as one product,
+    and the residual after out_proj, o_proj and down_proj is added inside it: fewer launches.
+    Wider inputs (a batch) go through it 8 rows at a time. `row_kernel=False` keeps MLX's own
+    matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu_profile.py compares)."""
+
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False,
+                 fused_attention: bool = False):
+        super().__init__(row_invariant=True)
+        self.backend = backend  # "cuda" | "metal"
+        self.row_kernel = row_kernel and backend == "cuda"
+        # kernels/gdn_fused.py and kernels/cuda_attention.py: off until measured on a GPU
+        # (scripts/gpu_fused_gdn.py and scripts/gpu_attention.py check them)
+        self.fused_gdn = fused_gdn and self.row_kernel
+        self.fused_attention = fused_attention and backend == "cuda"
+        self._fused: Dict[tuple, Optional[_Fused]] = {}
+        self._gdn_inputs: Dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    compiled_layers = False
+
+    def linear(self, m, x):
+        return self._rows(m, x, m)
+
+    def linear_add(self, m, x, residual):
+        if self.row_kernel and residual is not None and _kernel_fits(m, x):
+            return _kernel_rows(x, m["weight"], m["scales"], m["biases"], m.bits, m.group_size, residual)
+        return super().linear_add(m, x, residual)
+
+    def linears(self, modules, x):
+        joined = self._joined(modules, x)
+        if joined is None:
+            return super().linears(modules, x)
+        y = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return mx.split(y, joined.ends[:-1], axis=-1)
+
+    def lm_head(self, module, tied: bool, x):
+        return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
+
+    def attention_gated(self, p: AttnParams, q, k, v, gate, cache):
+        if not self.fused_attention or cache is None or not cuda_attention.supported(q.shape, k.shape, q.dtype):
+            return None
+        return cuda_attention.gated_attention(q, k, v, gate, p.scale)
+
+    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
+        if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections \
+                or xn.ndim != 3 or xn.shape[0] != 1:
+            return None
+        at = p.attn
+        joined = self._joined((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a), xn)
+        if joined is None or not gdn_fused.supported(xn.shape[1], p.Hk, p.Hv, p.Dk, p.Dv, p.K, state.dtype, xn.dtype):
+            return None
+        if id(p) not in self._gdn_inputs:  # made on the layer's first (eager) call, never inside a trace
+            conv_w = at.conv1d.weight.reshape(p.conv_dim, p.K)
+            cst = gdn_fused.consts(p.Dk, at.norm.eps)
+            mx.eval(conv_w, cst)
+            self._gdn_inputs[id(p)] = (conv_w, cst)
+        conv_w, cst = self._gdn_inputs[id(p)]
+        proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return gdn_fused.gdn_fused(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, at.dt_bias,
+                                   at.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
+
+    def _rows(self, module, x, plain):
+        if self.row_kernel and _kernel_fits(module, x):
+            return _kernel_rows(x, module["weight"], module["scales"], module["biases"], module.bits, module.group_size)
+        rows = _rows_of(x)
+        if self.backend != "cuda" or rows <= QMV_ROWS:
+            return plain(x)
+        flat = x.reshape(rows, x.shape[-1])
+        y = mx.concatenate([plain(flat[i:i + QMV_ROWS]) for i in range(0, rows, QMV_ROWS)])
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _joined(self, modules, x) -> Optional[_Fused]:
+        """The joined weight of `modules` where the row kernel serves it for x, else None."""
+        if not self.row_kernel or len(modules) < 2:
+            return None
+        joined = self._fuse(tuple(modules))
+        if joined is None or not cuda_qmm.qmm_supported((min(_rows_of(x), MAX_ROWS), x.shape[-1]), x.dtype,
+                                                        joined.weight.shape, joined.scales.dtype, joined.bits,
+                                                        joined.group_size):
+            return None
+        return joined
+
+    def _fuse(self, modules) -> Optional[_Fused]:
+        key = tuple(id(m) for m in modules)
+        if key in self._fused:
+            return self._fused[key]
+        with self._lock:
+            if key not in self._fused:
+                self._fused[key] = _fuse(modules)
+        return self._fused[key]
+
+    def recurrence(self, q, k, v, g, beta, state, mask, capture):
+        B = q.shape[0]
+        if mask is None and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
+            # One launch for all positions, a separate fp32 buffer per state; a batch's sequences
+            # one launch each, so that each computes what it computes alone.
+            runs = [gdn.gated_delta_steps(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1],
+                                          state[b:b + 1], backend=self.backend) for b in range(B)]
+            if B == 1:
+                return runs[0]
+            return (mx.concatenate([y for y, _ in runs]),
+                    [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
+        return super().recurrence(q, k, v, g, beta, state, mask, capture)
+
+
+class CompiledGpuKernels(GpuKernels):
+    """GpuKernels with each layer's few-token forward one compiled function (mx.compile).
+
+    Why: on MLX CUDA a 9B decode step was host-bound. Building its graph op by op from Python
+    took 7.4 ms of a 10.3 ms forward (docs/bench/2026-12-02/gpu-profile-9b-rowkernel-v1.json);
+    a compiled layer is one call that replays its recorded graph, and MLX fuses the elementwise
+    ops between the kernels. The same functions serve every width (each traced per shape), and
+    elementwise fusion computes each element as before, so a verify row is still the decode
+    step's row. A layer's first call runs eagerly: it joins the layer's weights (_fuse), which
+    cannot happen inside a trace. The KV cache update and the attention stay outside, as in
+    the CPU's compiled runner."""
+
+    compiled_layers = True
+
+    def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False,
+                 fused_attention: bool = False):
+        super().__init__(backend, row_kernel, fused_gdn, fused_attention)
+        self._compiled: Dict[tuple, Callable] = {}
+
+    def _fn(self, key, make):
+        fn = self._compiled.get(key)
+        if fn is None:
+            self._compiled[key] = mx.compile(make())
+            return make()  # this first call eagerly (see the class's note)
+        return fn
+
+    def positions(self, offset, S: int):
+        # An array, not an int: a Python offset would be traced as a constant (one trace a position).
+        return mx.array(offset, dtype=mx.int32)
+
+    def gdn(self, p: GdnParams, h, conv_state, state, capture: bool, mask):
+        if mask is not None:
+            return super().gdn(p, h, conv_state, state, capture, mask)
+
+        def make():
+            def step(x, conv_state, state):
+                # The conv window to keep is cut inside the compiled step: one primitive fewer a layer.
+                x, conv_input, states = layers.gdn_layer(self, p, x, conv_state, state, capture=capture)
+                keep = mx.contiguous(conv_input[:, -(p.K - 1):])
+                return (x, keep, conv_input, *states) if capture else (x, keep, states[-1])
+            return step
+
+        out = self._fn((id(p), "gdn", capture), make)(h, conv_state, state)
+        if capture:
+            return out[0], out[1], list(out[3:]), out[2]
+        return out[0], out[1], [out[2]], None
+
+    def attention_in(self, p: AttnParams, x, pos):
+        if not isinstance(pos, mx.array) or pos.ndim:
+            # a RoPE table (a chunk with a picture) or a batch at per-row positions (RoPE may read
+            # them on the host): eagerly
+            return super().attention_in(p, x, pos)
+        return self._fn((id(p), "in"), lambda: lambda x, pos: layers.attention_in(self, p, x, pos))(x, pos)
+
+    def attention_out(self, p: AttnParams, x, o, gate, final_norm=None):
+        if gate is None:  # o already gated (attention_gated)
+            fn = self._fn((id(p), "out-gated", id(final_norm)),
+                          lambda: lambda x, o: layers.attention_out(self, p, x, o, None, final_norm))
+            return fn(x, o)
+        fn = self._fn((id(p), "out", id(final_norm)),
+                      lambda: lambda x, o, gate: layers.attention_out(self, p, x, o, gate, final_norm))
+        return fn(x, o, gate)
+
+    def final_norm(self, norm, h):
+        return self._fn((id(norm), "norm"), lambda: lambda h: norm(h))(h)
+
+    def head_input(self, head, hidden, embedding):
+        fn = self._fn((id(head), "head"), lambda: lambda h, e: layers.head_input(self, head, h, e))
+        return fn(hidden, embedding)
+
+
+MAX_ROWS = cuda_qmm.MAX_ROWS
+
+
+def _rows_of(x: mx.array) -> int:
+    return x.size // x.shape[-1]
+
+
+def _kernel_fits(m, x) -> bool:
+    """Whether the row kernel serves module m for x (of any row count: wider goes 8 at a time)."""
+    return cuda_qmm.module_fits(m, min(_rows_of(x), MAX_ROWS), x.shape[-1], x.dtype)
+
+
+def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None):
+    """The row kernel on x [..., K], 8 rows a launch where there are more (each row as alone)."""
+    rows = _rows_of(x)
+    if rows <= MAX_ROWS:
+        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual)
+    K, N = x.shape[-1], w.shape[0]
+    flat = x.reshape(rows, K)
+    res = None if residual is None else residual.reshape(rows, N)
+    y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + MAX_ROWS], w, scales, biases, bits, group_size,
+                                                       None if res is None else res[i:i + MAX_ROWS])
+                        for i in range(0, rows, MAX_ROWS)])
+    return y.reshape(*x.shape[:-1], N)
+
+
+def _fuse(modules) -> Optional[_Fused]:
+    """One weight for quantized linears of one input size and one quantization, or None.
+
+    The modules keep views of the joined arrays (row slices share its memory), so mlx-lm's
+    model computes what it computed and nothing is held twice."""
+    first = modules[0]
+    same = all(isinstance(m, nn.QuantizedLinear) and "bias" not in m and m.get("biases") is not None
+               and (m.bits, m.group_size, m.mode) == (first.bits, first.group_size, first.mode)
+               and m["weight"].shape[1] == first["weight"].shape[1] and m["scales"].dtype == first["scales"].dtype
+               for m in modules)
+    if not same:
+        return None
+    joined = {k: mx.concatenate([m[k] for m in modules]) for k in ("weight", "scales", "biases")}
+    mx.eval(joined)
+    ends, at = [], 0
+    for m in modules:
+        n = m["weight"].shape[0]
+        for k, v in joined.items():
+            m[k] = v[at:at + n]
+        at += n
+        ends.append(at)
+    mx.eval([m[k] for m in modules for k in joined])
+    return _Fused(joined["weight"], joined["scales"], joined["biases"], first.bits, first.group_size, ends)
