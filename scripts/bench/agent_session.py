@@ -194,9 +194,11 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "demo"))
-    ap.add_argument("--system-tokens", type=int, default=1500, help="about this many (default fits the demo's 4k)")
-    ap.add_argument("--result-tokens", type=int, nargs="+", default=[200, 600, 300, 500, 250],
-                    help="tool results' sizes, turn after turn (an agent's: 200-2000)")
+    # The defaults fit the demo's 4,096-token window (its tools' JSON alone is ~1,100 tokens);
+    # an agent's are --system-tokens 20000 --result-tokens 200 2000 800 1500 400.
+    ap.add_argument("--system-tokens", type=int, default=300, help="the system prompt's size, about")
+    ap.add_argument("--result-tokens", type=int, nargs="+", default=[150, 300, 200, 250, 150],
+                    help="the tools' results' sizes, turn after turn")
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--json", required=True)
