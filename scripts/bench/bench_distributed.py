@@ -9,7 +9,7 @@ other ranks' compute (the link's share: sends, receives, and on one host the ran
 Each configuration is its own set of processes (MLX_RANK + MLX_HOSTFILE, as mlx.launch sets them);
 1 rank is the single process (load_adapter, no pipeline). Runs are warm (an untimed run per lane
 first), lanes alternate per repeat, medians are reported. The last table is the model of the
-README's "Several machines": MTP/AR = tau (a + lam) / (m + lam), with a the AR lane's compute per
+docs/distributed.md: MTP/AR = tau (a + lam) / (m + lam), with a the AR lane's compute per
 token and m the MTP lane's per cycle (from the 1-rank run), tau the tokens per cycle, and lam a
 pass's link time, 2 messages per hop and N hops per pass (rank 0 -> N-1 -> ... -> 1 -> 0).
 """
