@@ -81,6 +81,16 @@ def median_of(runs, key):
     return statistics.median(r[key] for r in runs)
 
 
+def add_sampler_arguments(ap: argparse.ArgumentParser, d) -> None:
+    """The sampler's flags, defaulting to the app's settings `d` (here and in bench_race.py, whose
+    lanes must decode what this benchmark's do)."""
+    ap.add_argument("--temperature", type=float, default=d.temperature)
+    ap.add_argument("--top-p", type=float, default=d.top_p)
+    ap.add_argument("--top-k", type=int, default=d.top_k)
+    ap.add_argument("--min-p", type=float, default=d.min_p)
+    ap.add_argument("--depth", default=str(d.depth))
+
+
 def main(argv=None) -> int:
     d = Settings()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,11 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-file", help="one user message per line (added to --prompt)")
     ap.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--temperature", type=float, default=d.temperature)
-    ap.add_argument("--top-p", type=float, default=d.top_p)
-    ap.add_argument("--top-k", type=int, default=d.top_k)
-    ap.add_argument("--min-p", type=float, default=d.min_p)
-    ap.add_argument("--depth", default=str(d.depth))
+    add_sampler_arguments(ap, d)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hidden-variant", choices=["pre_norm", "post_norm"], default=d.hidden_variant)
     ap.add_argument("--drafter", default=None, help="the drafter's checkpoint when it is kept apart (Gemma 4)")

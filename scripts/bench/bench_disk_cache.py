@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import runtime_info  # noqa: E402
-from core import (AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeDecoder, chat_prompt,  # noqa: E402
-                  history_prompt, opens_thinking, split_reply, synchronize)
+from core import (PrefixCache, chat_prompt, history_prompt, opens_thinking, split_reply,  # noqa: E402
+                  synchronize)
 from core.disk_cache import DiskCache, model_identity  # noqa: E402
 from core.stream import Prompt, cache_history, prefill  # noqa: E402
-from scripts.bench.bench_turns import user_message  # noqa: E402
+from scripts.bench.bench_turns import greedy_lane, user_message  # noqa: E402
 
 
 def drop_page_cache(folder: Path) -> None:
@@ -61,12 +61,9 @@ def main() -> None:
     a = ap.parse_args()
 
     adapter = load_adapter(Path(a.model))
-    greedy = SamplerConfig(temperature=0)
 
     def lane(cache):
-        if a.mode == "ar":
-            return AutoregressiveDecoder(adapter, sampler=greedy, prefix_cache=cache)
-        return SpeculativeDecoder(adapter, sampler=greedy, depth=a.depth, prefix_cache=cache)
+        return greedy_lane(adapter, a.mode, a.depth, cache)
 
     folder = Path(tempfile.mkdtemp(prefix="mtp-chat-disk-bench-"))
     identity = model_identity(Path(a.model), [adapter.describe()])

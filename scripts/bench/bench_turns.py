@@ -34,6 +34,15 @@ QUESTIONS = [line.strip() for line in
              (Path(__file__).resolve().parents[1] / "demo_model" / "heldout_prompts.txt").read_text().splitlines() if line.strip()]
 
 
+def greedy_lane(adapter, mode: str, depth: int, cache):
+    """A greedy decoder of the lane `mode` ("ar" or "mtp") on `cache` (None: no prefix cache), as
+    the turns here and bench_disk_cache.py's turns run it."""
+    greedy = SamplerConfig(temperature=0)
+    if mode == "ar":
+        return AutoregressiveDecoder(adapter, sampler=greedy, prefix_cache=cache)
+    return SpeculativeDecoder(adapter, sampler=greedy, depth=depth, prefix_cache=cache)
+
+
 def user_message(adapter, i: int, tokens: int) -> str:
     """A question after a passage of about `tokens` tokens (users paste text and ask about it)."""
     words = (FILLER * (2 + tokens // 20)).split()
@@ -88,12 +97,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     adapter = load_adapter(a.model)
-    greedy = SamplerConfig(temperature=0)
 
     def lane_of(cache):
-        if a.mode == "ar":
-            return AutoregressiveDecoder(adapter, sampler=greedy, prefix_cache=cache)
-        return SpeculativeDecoder(adapter, sampler=greedy, depth=a.depth, prefix_cache=cache)
+        return greedy_lane(adapter, a.mode, a.depth, cache)
 
     conversation(adapter, lane_of, 2, 32, 8, PrefixCache(2**30))  # warm-up (compiles), untimed
     runs = {}
