@@ -1,5 +1,5 @@
 """Pictures for the vision tests: random pixels as PNG bytes, and a tiny Qwen3.5 vision-language
-checkpoint (scripts/tiny_vision.py: tower + trunk + MTP head in the published layout)."""
+checkpoint (scripts/checkpoints/tiny_vision.py: tower + trunk + MTP head in the published layout)."""
 import base64
 import io
 

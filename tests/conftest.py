@@ -39,7 +39,7 @@ try:
 except Exception:  # noqa: BLE001 - tests of adapters report their own import errors
     pass
 
-from scripts.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+from scripts.checkpoints.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 from adapters import load_adapter  # noqa: E402
 from tests._engine_helpers import MIXED, SURE, make_mixed_head  # noqa: E402
 

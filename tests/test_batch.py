@@ -313,7 +313,7 @@ def _stats_at(acceptance: float, cycles: int = 100_000):
 
 
 def test_auto_prices_the_batch_size_on_the_recorded_costs():
-    """The cost model measured on the demo model on this CPU (scripts/bench_batch.py --costs:
+    """The cost model measured on the demo model on this CPU (scripts/bench/bench_batch.py --costs:
     core/batch.py's own steps at 2, 4 and 8 sequences): a batched AR step costs more than one
     sequence's and less than B of them (one pass over the weights), and 'auto' decides at each
     batch size with that size's measured cycles: the acceptance a draft needs to pay differs

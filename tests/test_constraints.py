@@ -94,7 +94,7 @@ def test_greedy_constrained_mtp_is_token_identical_to_constrained_ar(mixed, demo
                                            (SamplerConfig(temperature=0.8, top_p=0.9, top_k=0), 3)])
 def test_sampled_constrained_mtp_follows_the_constrained_distribution(mixed, sampler, depth):
     # 400 MTP runs (1,200, then 600 before) and 200 AR runs (600 before): at 400 MTP runs the
-    # acceptance mutants of scripts/mutation_check.py that change this distribution were still
+    # acceptance mutants of scripts/dev/mutation_check.py that change this distribution were still
     # caught (a sample outside the support, no rollback, p < 1e-3 at sampler 0); the grammar
     # mutants leave it unchanged and are caught by the greedy test above
     # (docs/bench/2026-12-01/sampled-tests-power.json)

@@ -24,7 +24,7 @@ from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
 from tests._ties import assert_greedy_equal
 from tests._webapp_helpers import REPO, App
 
-TURNS = 6      # then turn 7 after the restart (scripts/bench_disk_cache.py measures turn 11 of ~2.5k tokens)
+TURNS = 6      # then turn 7 after the restart (scripts/bench/bench_disk_cache.py measures turn 11 of ~2.5k tokens)
 MAX_TOKENS = 8
 
 

@@ -63,7 +63,7 @@ def test_greedy_mtp_is_token_identical_to_ar(request, which, depth):
 # Depth, sampler and sample count per test. Each names the depth it drafts: max_tokens = D + 2
 # leaves room for a whole first cycle (the decoders cap the depth at the tokens left), and the
 # test checks the stats that depth D really was drafted. Samples (1,500 each before): at 500,
-# each of scripts/mutation_check.py's four acceptance mutants still failed all three tests, by
+# each of scripts/dev/mutation_check.py's four acceptance mutants still failed all three tests, by
 # the acceptance counts, a sample outside the exact support or a chi-square at p < 1e-13
 # (docs/bench/2026-12-01/sampled-tests-power.json); the depth-2 test keeps 750, the sampled test
 # that sees the bonus drawn from the last draft's row with the widest margin (p ~1e-15 at 491).

@@ -1,6 +1,6 @@
 """Qwen3.5/3.6-MoE and Qwen3-Next through the adapter contract, in both on-disk layouts.
 
-Tiny random checkpoints (scripts/make_tiny_checkpoint.py, the published config keys and tensor
+Tiny random checkpoints (scripts/checkpoints/make_tiny_checkpoint.py, the published config keys and tensor
 names) as an MLX conversion plus sidecar ("mlx") and as the original Hugging Face checkpoint
 ("hf"). Their heads copy the trunk's embedding path (make_mixed_head), so drafts pass and fail
 often: greedy MTP equals AR at depths 1-3, sampled tokens follow the exact distribution, the
@@ -88,7 +88,7 @@ def test_sampled_tokens_follow_the_exact_distribution(family_adapters, family):
     joint distribution enumerated from the trunk."""
     ad = family_adapters(family, "mlx", SURE)
     # 300 runs (1,200, then 600 before): at 400 (and 390), three acceptance mutants of
-    # scripts/mutation_check.py still failed both families (p < 1e-5, or the acceptance counts);
+    # scripts/dev/mutation_check.py still failed both families (p < 1e-5, or the acceptance counts);
     # the fourth (the bonus drawn from the last draft's row) gave p = 0.1-0.75, so 1,200 caught it
     # only by chance (expected p ~2e-3): tests/test_acceptance_exact.py and test_engine_exactness's
     # depth-2 test catch that one (docs/bench/2026-12-01/sampled-tests-power.json)
@@ -250,7 +250,7 @@ def test_a_quantized_moe_head_loads_with_a_warning_about_acceptance(tiny_checkpo
 # --------------------------------------------------------------------------- people's view
 @pytest.mark.parametrize("family", FAMILIES)
 def test_inspect_model_says_what_it_loaded_and_measures_the_wiring(tiny_checkpoint, capsys, family):
-    from scripts import inspect_model
+    from scripts.checkpoints import inspect_model
 
     path = make_mixed_head(tiny_checkpoint(fresh=True, family=family, layout="hf", **OPTS))
     rc = inspect_model.main(["--model", str(path), "--measure"])
@@ -267,7 +267,7 @@ def test_inspect_model_says_what_it_loaded_and_measures_the_wiring(tiny_checkpoi
 
 
 def test_inspect_model_finds_a_wrongly_declared_concat_order(tiny_checkpoint, capsys):
-    from scripts import inspect_model
+    from scripts.checkpoints import inspect_model
 
     path = make_mixed_head(tiny_checkpoint(fresh=True, family="qwen3_next", **OPTS))  # the head reads the embedding first
     cfg = json.loads((path / "config.json").read_text())

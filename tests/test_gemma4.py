@@ -1,6 +1,6 @@
 """Gemma 4 with its assistant drafter through the adapter contract, in both backbone layouts.
 
-Tiny random pairs (scripts/tiny_gemma4.py via make_tiny_checkpoint family="gemma4", the published
+Tiny random pairs (scripts/checkpoints/tiny_gemma4.py via make_tiny_checkpoint family="gemma4", the published
 config keys and tensor names): "small" is E2B/E4B-like (per-layer inputs, KV-shared layers, the
 drafter's centroid head), "large" 31B-like (keys equal values on full attention, the full tied
 head). Their drafters are "aligned" (they copy part of the backbone), so drafts pass and fail.
@@ -288,7 +288,7 @@ def test_no_drafter_a_wrong_drafter_and_a_drafter_for_qwen_are_refused(tiny_chec
 
 # --------------------------------------------------------------------------- people's view
 def test_inspect_model_says_what_it_loaded(tiny_checkpoint, capsys):
-    from scripts import inspect_model
+    from scripts.checkpoints import inspect_model
 
     path = pair(tiny_checkpoint, "small")
     rc = inspect_model.main(["--model", str(path), "--measure"])

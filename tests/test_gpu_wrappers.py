@@ -1,7 +1,7 @@
 """The GPU kernels' Python side, on a machine without a GPU: shape rules, dispatch, the
 setting that turns them off, fallbacks, and the adapter's hooks driven by a stand-in kernel.
 
-The kernels themselves run only on CUDA / Metal: scripts/gpu_check.py tests them there.
+The kernels themselves run only on CUDA / Metal: scripts/gpu/gpu_check.py tests them there.
 """
 from __future__ import annotations
 
@@ -344,7 +344,7 @@ def test_adapter_hooks_with_a_stand_in_kernel(tiny_checkpoint, monkeypatch):
 
 
 def test_fast_rng_for_big_draws():
-    from scripts.gpu_make_checkpoint import FastRng
+    from scripts.gpu.gpu_make_checkpoint import FastRng
 
     rng = FastRng(0)
     big = rng.standard_normal((1024, 1025))
@@ -354,9 +354,9 @@ def test_fast_rng_for_big_draws():
 
 
 def test_the_moe_gpu_checkpoint_builder_at_a_small_shape(tmp_path):
-    """scripts/gpu_make_checkpoint.py's MoE path (the 35B-A3B / Next-80B-A3B shapes on a GPU), at a
+    """scripts/gpu/gpu_make_checkpoint.py's MoE path (the 35B-A3B / Next-80B-A3B shapes on a GPU), at a
     shape this CPU runs: it loads, with its bf16 head, and greedy MTP == AR."""
-    from scripts.gpu_make_checkpoint import build_moe
+    from scripts.gpu.gpu_make_checkpoint import build_moe
 
     ad = load_adapter(build_moe(str(tmp_path / "moe"), "moe-small"))
     assert ad.contract.family == "qwen3_5_moe" and ad.contract.num_experts == 4

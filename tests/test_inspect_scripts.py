@@ -1,4 +1,4 @@
-"""scripts/inspect_model.py and scripts/inspect_mtp_weights.py on good and broken checkpoints.
+"""scripts/checkpoints/inspect_model.py and scripts/checkpoints/inspect_mtp_weights.py on good and broken checkpoints.
 
 The main cases run the scripts as subprocesses, all started at once (each pays ~3 s of
 imports); the remaining variants call the same ``main(argv)`` in-process.
@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from scripts import inspect_model, inspect_mtp_weights
+from scripts.checkpoints import inspect_model, inspect_mtp_weights
 
 REPO = Path(__file__).resolve().parent.parent
 SIDECAR = Path("optiq") / "mtp.safetensors"
@@ -50,7 +50,7 @@ def runs(tiny_checkpoint):
     script = {"model": "inspect_model.py", "weights": "inspect_mtp_weights.py"}
     env = dict(os.environ, PYTHONPATH="")
     procs = {
-        key: subprocess.Popen([sys.executable, str(REPO / "scripts" / script[key[0]]), "--model", str(p)],
+        key: subprocess.Popen([sys.executable, str(REPO / "scripts" / "checkpoints" / script[key[0]]), "--model", str(p)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               cwd="/")  # not the repo root: the scripts find it themselves
         for key, p in cases.items()

@@ -1,7 +1,7 @@
 """Pipeline parallelism over MLX's real distributed layer: 2 ranks on localhost, ring backend.
 
 Each rank is its own process (MLX_RANK + MLX_HOSTFILE, as `mlx.launch` sets them), holding half the
-trunk of a tiny checkpoint (scripts/make_tiny_checkpoint.py, a head that accepts some drafts).
+trunk of a tiny checkpoint (scripts/checkpoints/make_tiny_checkpoint.py, a head that accepts some drafts).
 Through the pipeline, greedy MTP at depths 1-3 == AR == the single process over 128 tokens, for the
 dense and the MoE family (Qwen3-Next at depth 2); sampled MTP gives the single process's tokens
 seed for seed (the logits are bit-identical, so the sampled draws are too); sampled tokens 2-3 pass

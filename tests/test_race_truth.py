@@ -1,5 +1,5 @@
 """The race tells the truth: its lanes decode exactly what each lane decodes alone, and its
-figures are what the lanes cost (timings themselves live in scripts/bench_race.py)."""
+figures are what the lanes cost (timings themselves live in scripts/bench/bench_race.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -191,9 +191,9 @@ def test_a_switch_quantum_switches_less_and_shows_the_same_time_on_both_lanes():
     assert switches[0.0] > 100 and switches[0.010] < switches[0.0] / 4
 
 
-# --- scripts/bench_race.py's method (no timings asserted: they live in its JSON) -------------------
+# --- scripts/bench/bench_race.py's method (no timings asserted: they live in its JSON) -------------------
 def test_bench_race_interleaves_the_three_ways_as_a_palindrome_and_pools_to_its_token_budget(host, monkeypatch):
-    from scripts import bench, bench_race
+    from scripts.bench import bench, bench_race
 
     order = []
     for name in ("run_race", "run_alone", "run_bench"):

@@ -1,4 +1,4 @@
-"""scripts/make_tiny_checkpoint.py: every option writes the exact Qwythos layout, and it loads."""
+"""scripts/checkpoints/make_tiny_checkpoint.py: every option writes the exact Qwythos layout, and it loads."""
 from __future__ import annotations
 
 import json
@@ -14,12 +14,8 @@ from mlx_lm.generate import generate_step
 import numpy as np
 import pytest
 
-from scripts.make_tiny_checkpoint import (
-    CHAT_TEMPLATE,
-    DEFAULT_SIDECAR,
-    expected_mtp_shapes,
-    make_tiny_checkpoint,
-)
+from scripts.checkpoints.make_tiny_checkpoint import DEFAULT_SIDECAR, expected_mtp_shapes, make_tiny_checkpoint
+from scripts.checkpoints.tokenizer_files import CHAT_TEMPLATE
 from tests._mtp_reference import RefHead, greedy_agreement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -318,7 +314,7 @@ def test_tokenizer_sizes(tmp_path, vocab_size):
 def test_cli_and_offline_load(tmp_path):
     out = tmp_path / "cli"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_checkpoint.py"), "--out", str(out),
+    subprocess.run([sys.executable, str(REPO / "scripts" / "checkpoints" / "make_tiny_checkpoint.py"), "--out", str(out),
                     "--bits", "0", "--tie-word-embeddings", "false", "--mtp-bits", "8",
                     "--quantize-fc", "true", "--key-prefix", "language_model.",
                     "--sidecar-keys", "extra", "--hidden-variant", "post_norm", "--seed", "5"],

@@ -1,7 +1,7 @@
 """Per-step CPU costs of candidate shapes through the project's own engine path.
 
 For each shape, a random-weight float checkpoint in the Qwythos layout is written with
-scripts/make_tiny_checkpoint.py, loaded with adapters.load_adapter (fp32 on the CPU, fast
+scripts/checkpoints/make_tiny_checkpoint.py, loaded with adapters.load_adapter (fp32 on the CPU, fast
 BLAS), and core.calibrate.measure_costs times: an AR step (1 token), a verify of width 2/3/4 (one
 trunk forward capturing per-position GDN state, as the engine does), and an MTP step (head +
 lm_head), all relative to the AR step, at a 64-token context.  Several rounds, median.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 import adapters  # noqa: E402,F401  (BLAS preload first)
 from adapters import load_adapter  # noqa: E402
 from core import calibrate, costs as C  # noqa: E402
-from scripts.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+from scripts.checkpoints.make_tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 
 def shape_ckpt(spec, root):

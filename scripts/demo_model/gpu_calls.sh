@@ -9,7 +9,7 @@
 #                     LARGE_ARGS is set; its shards stay on the machine for `large_eval`); a run
 #                     given --probe is probed (probe.py) after training; demo shards come back int8-packed
 #   STAGE large_eval  the larger variant: the GPU probe, then exported to MLX (4-bit, as Qwythos)
-#                     and scripts/bench.py on MLX CUDA at depths 1 and 2 (T=0.6, the race prompts);
+#                     and scripts/bench/bench.py on MLX CUDA at depths 1 and 2 (T=0.6, the race prompts);
 #                     not run yet (the larger variant was not trained far enough in issue 24's session)
 #
 #   OUT=... G=.gpu-demo SECS=330 bash $G/scripts/gpu_calls.sh train "D0|--accept-w 0" "D1|--accept-w 0.5"
@@ -66,7 +66,7 @@ large_eval)
   cp $G/wheels/mlxcuda.tar.xz.* /tmp/mlxparts/ 2>/dev/null
   python3 -m pip install -q --no-index --no-deps --target /tmp/site $G/wheels/small/*.whl 2>&1 | tail -2
   cat /tmp/mlxparts/mlxcuda.tar.xz.* | tar xJf - -C /tmp/site || { log "mlx-cuda parts missing"; exit 1; }
-  R=${REPO:-$G/repo}  # the engine to bench (a copy of this branch's adapters/, core/, scripts/bench.py)
+  R=${REPO:-$G/repo}  # the engine to bench (a copy of this branch's adapters/, core/, scripts/bench/bench.py)
   export PYTHONPATH=/tmp/site:$R
   NV=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, d, 'lib') for p in nvidia.__path__ for d in os.listdir(p) if os.path.isdir(os.path.join(p, d, 'lib'))))")
   export LD_LIBRARY_PATH=$NV:${LD_LIBRARY_PATH:-}
@@ -78,7 +78,7 @@ large_eval)
     --out $W/L1_mlx --trunk-bits 4 --mtp-bits 4 2>&1 | tail -2
   for d in 2 1; do
     log "bench L1 depth $d"
-    timeout 200 python3 $R/scripts/bench.py --model $W/L1_mlx --prompts-file $S/race_prompts.txt --depth $d \
+    timeout 200 python3 $R/scripts/bench/bench.py --model $W/L1_mlx --prompts-file $S/race_prompts.txt --depth $d \
       --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 --repeats 8 --json $OUTDIR/L1_bench_d$d.json 2>&1 \
       | grep -v "regex pattern" | tail -16
   done

@@ -23,7 +23,7 @@ from mlx_lm.models.cache import KVCache
 import sys  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from adapters.sidecar import NORMS as MTP_NORM_KEYS  # noqa: E402
+from adapters.qwen3_5.head import NORMS as MTP_NORM_KEYS  # noqa: E402  (moved there with the Qwen3.5 package)
 
 
 class MTPHead(nn.Module):

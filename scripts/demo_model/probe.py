@@ -12,7 +12,7 @@ run's quality comes back with it:
              result, repeat the definition
 
 Inputs are prompt ids made on the CPU by tokenizer.encode_prompts (the GPU machine renders no
-template). Replies are sampled by train_torch.generate (full forward each step: exact for any
+template). Replies are sampled by model_torch.generate (full forward each step: exact for any
 architecture, fast enough for a few hundred short replies).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from loops import loop_rate
-from train_torch import EOS, acceptance, generate
+from model_torch import EOS, acceptance, generate
 
 
 def _replies(model, prompts, temp, max_new, seed=0, batch=64):
@@ -114,7 +114,7 @@ def main():
 
     import torch
 
-    from train_torch import DemoModel, fast_kernels, load_state
+    from model_torch import DemoModel, fast_kernels, load_state
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="prefix of the training shards")

@@ -21,7 +21,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
-from scripts.make_tiny_checkpoint import QWEN35_TEMPLATE, QWEN35_TOKENS  # noqa: E402
+from scripts.checkpoints.tokenizer_files import QWEN35_TEMPLATE, QWEN35_TOKENS  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_ID = 2

@@ -36,7 +36,7 @@ PROMPTS = ["Hello!", 'What does "harbor" mean?', "Give me a synonym for happy.",
 
 def torch_model(run_prefix, text_config, variant, sidecar_weights=None):
     import torch
-    from train_torch import DemoModel, load_state
+    from model_torch import DemoModel, load_state
 
     m = DemoModel(text_config, variant, attn_impl="eager")
     load_state(m, run_prefix)

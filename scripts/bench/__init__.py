@@ -1,0 +1,11 @@
+"""Benchmarks: each script measures one thing and writes a JSON record (docs/bench/ holds them).
+
+bench.py (AR / MTP / mlx_lm lanes, paired), bench_race.py (the race vs the lanes alone),
+bench_batch.py, bench_turns.py, bench_disk_cache.py, bench_constrained.py, bench_waterfall.py,
+bench_distributed.py, bench_http_latency.py, bench_checkouts.py (two checkouts against each other),
+family_bench.py (every family's tiny checkpoint), race_in_browser.py and idle_cpu.py (a real
+browser), api_conversation.py (a multi-turn chat through the HTTP API).
+
+May import core, adapters, webapp, scripts.checkpoints and the tests' helpers (tests/_*.py: a
+benchmark serves the app the way the tests do); not scripts.gpu, scripts.demo_model or scripts.dev.
+"""

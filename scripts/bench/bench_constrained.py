@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""What structured output costs: AR and MTP lanes with a JSON schema vs without, paired runs on
+one model, and the grammar's own cost per token (mask, advance, rollback; core/constraints.py).
+
+Runs are warm (one untimed run per lane and variant first), interleaved (the four lanes
+rotate every repeat), model load excluded; speeds are decode tokens/s as the lanes measure
+them. `--libs` also measures the per-token mask cost of the grammar libraries that are
+installed (llguidance, xgrammar, outlines-core) on the model's tokenizer.
+
+    python scripts/bench/bench_constrained.py --model models/demo --repeats 5 --json docs/bench/cpu-constrained-demo.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
+from adapters import load_adapter  # noqa: E402
+from adapters.runtime import describe_runtime  # noqa: E402
+from core import AutoregressiveDecoder, Constraint, SamplerConfig, SpeculativeDecoder, chat_prompt  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40},
+    "home": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                               "harbor": {"type": "string", "maxLength": 30}},
+             "required": ["city", "harbor"], "additionalProperties": False},
+    "story": {"type": "string", "maxLength": 300},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
+    "required": ["name", "home", "story", "tags"], "additionalProperties": False}
+PROMPT = "Describe a sailor of the old harbor as JSON: name, home, a short story and tags."
+
+
+class TimedConstraint(Constraint):
+    """The engine's constraint, timing its own host work."""
+
+    seconds = 0.0
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            TimedConstraint.seconds += time.perf_counter() - t0
+
+    def allowed(self):
+        return self._timed(super().allowed)
+
+    def advance(self, tokens):
+        return self._timed(super().advance, tokens)
+
+    def rollback(self, n):
+        return self._timed(super().rollback, n)
+
+
+def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, max_tokens: int, prompt) -> dict:
+    c = TimedConstraint.for_json(adapter.tokenizer, SCHEMA, adapter.contract.vocab_size) if constrained else None
+    TimedConstraint.seconds = 0.0
+    if lane == "ar":
+        decoder = AutoregressiveDecoder(adapter, sampler=sampler, seed=seed, constraint=c)
+    else:
+        decoder = SpeculativeDecoder(adapter, sampler=sampler, seed=seed, depth=depth, constraint=c)
+    ids, stats = decoder.generate(prompt, max_tokens=max_tokens)
+    text = adapter.tokenizer.decode(ids)
+    valid = None
+    if constrained:
+        try:
+            json.loads(text)
+            valid = True
+        except ValueError:
+            valid = False
+    return {"tokens": stats.generated_tokens, "tokens_per_second": stats.tokens_per_second,
+            "acceptance": stats.acceptance_rate if lane == "mtp" else None,
+            "grammar_us_per_token": 1e6 * TimedConstraint.seconds / max(1, stats.generated_tokens) if constrained else None,
+            "valid_json": valid}
+
+
+def measure_libs(tokenizer_dir: str) -> dict:
+    """Per-token mask cost of each installed grammar library on one JSON document."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = json.dumps({"name": "Ann Smith of the harbor", "home": {"city": "Oslo", "harbor": "Aker Brygge"},
+                       "story": "She kept the old lighthouse for forty years.", "tags": ["sailor", "keeper"]})
+    ids = tok.encode(text, add_special_tokens=False)
+    out = {"vocab": len(tok), "tokens": len(ids)}
+
+    def stats(ts, compile_s, rollback):
+        return {"mask_us_median": round(1e6 * float(np.median(ts)), 2), "mask_us_p95": round(1e6 * float(np.percentile(ts, 95)), 2),
+                "compile_ms": round(1e3 * compile_s, 2), "rollback": rollback}
+
+    try:
+        import llguidance
+        import llguidance.hf
+        from core.constraints import JSON_STYLE
+
+        lt = llguidance.hf.from_tokenizer(tok)
+        t0 = time.perf_counter()
+        m = llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=JSON_STYLE))
+        compile_s = time.perf_counter() - t0
+        bits, ts = np.zeros((lt.vocab_size + 31) // 32, dtype=np.int32), []
+        for t in ids:
+            t0 = time.perf_counter()
+            m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            ts.append(time.perf_counter() - t0)
+            m.consume_token(t)
+        out["llguidance"] = stats(ts, compile_s, m.rollback(3) and m.consume_tokens(ids[-3:]))
+    except ImportError:
+        out["llguidance"] = "not installed"
+    try:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
+        t0 = time.perf_counter()
+        g = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+        compile_s = time.perf_counter() - t0
+        gm, bm, ts = xgr.GrammarMatcher(g, max_rollback_tokens=16), xgr.allocate_token_bitmask(1, len(tok)), []
+        for t in ids:
+            t0 = time.perf_counter()
+            gm.fill_next_token_bitmask(bm)
+            ts.append(time.perf_counter() - t0)
+            gm.accept_token(t)
+        gm.rollback(3)
+        out["xgrammar"] = stats(ts, compile_s, all(gm.accept_token(t) for t in ids[-3:]))
+    except ImportError:
+        out["xgrammar"] = "not installed (it needs torch)"
+    try:
+        from outlines_core import Guide, Index, Vocabulary
+        from outlines_core.json_schema import build_regex_from_schema
+
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        vocab = {}
+        for s, i in tok.get_vocab().items():
+            if i != eos:
+                vocab.setdefault(tok.convert_tokens_to_string([s]), []).append(i)
+        t0 = time.perf_counter()
+        index = Index(build_regex_from_schema(json.dumps(SCHEMA), r" ?"), Vocabulary(eos, vocab))
+        compile_s = time.perf_counter() - t0
+        g, mask, ts = Guide(index), np.zeros((len(tok) + 31) // 32, dtype=np.int32), []
+        for t in ids:
+            t0 = time.perf_counter()
+            g.write_mask_into(mask.ctypes.data, mask.size, 4)
+            ts.append(time.perf_counter() - t0)
+            g.advance(t)
+        g.rollback_state(3)
+        out["outlines_core"] = stats(ts, compile_s, True)
+    except ImportError:
+        out["outlines_core"] = "not installed"
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="models/demo")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--temperatures", default="0,0.6")
+    ap.add_argument("--libs", action="store_true", help="also measure the grammar libraries' mask cost")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    adapter = load_adapter(a.model)
+    prompt = chat_prompt(adapter, [{"role": "user", "content": PROMPT}])
+    variants = [(lane, c) for c in (False, True) for lane in ("ar", "mtp")]
+    report = {"model": a.model, "runtime": str(describe_runtime()), "depth": a.depth, "max_tokens": a.max_tokens,
+              "repeats": a.repeats, "schema": SCHEMA, "prompt": PROMPT, "by_temperature": {}}
+    for temperature in (float(t) for t in a.temperatures.split(",")):
+        sampler = SamplerConfig(temperature=temperature)
+        for lane, c in variants:                                  # warm-up, untimed
+            run(adapter, lane, c, sampler, 0, a.depth, a.max_tokens, prompt)
+        rows = {f"{lane}{'_schema' if c else ''}": [] for lane, c in variants}
+        for r in range(a.repeats):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for lane, c in order:
+                rows[f"{lane}{'_schema' if c else ''}"].append(run(adapter, lane, c, sampler, r, a.depth, a.max_tokens, prompt))
+        med = {k: statistics.median(x["tokens_per_second"] for x in v) for k, v in rows.items()}
+        report["by_temperature"][str(temperature)] = {
+            "tokens_per_second": {k: round(v, 2) for k, v in med.items()},
+            "mtp_over_ar": round(med["mtp"] / med["ar"], 3),
+            "mtp_over_ar_with_schema": round(med["mtp_schema"] / med["ar_schema"], 3),
+            "schema_over_free_ar": round(med["ar_schema"] / med["ar"], 3),
+            "schema_over_free_mtp": round(med["mtp_schema"] / med["mtp"], 3),
+            "acceptance": {k: round(statistics.median(x["acceptance"] for x in v), 3)
+                           for k, v in rows.items() if k.startswith("mtp")},
+            "grammar_us_per_token": {k: round(statistics.median(x["grammar_us_per_token"] for x in v), 1)
+                                     for k, v in rows.items() if k.endswith("schema")},
+            "tokens": {k: [x["tokens"] for x in v] for k, v in rows.items()},
+            "valid_json": {k: all(x["valid_json"] for x in v) for k, v in rows.items() if k.endswith("schema")},
+        }
+    if a.libs:
+        report["libraries"] = measure_libs(a.model)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 14, on a machine with MLX CUDA (pip install 'mlx[cuda13]' mlx-lm):
+#
+#   bash scripts/gpu/gpu_bench.sh [OUT_DIR]            # default artifacts/gpu_bench
+#
+# Builds the Qwythos-9B-shape random checkpoint (4-bit g64, bf16; once, in $CKPT), then
+#   exact  scripts/gpu/gpu_exact.py on the 9B shape: greedy MTP == AR over 512 tokens at depths 1-3 on 4
+#          prompts, through the prefix cache, a sampled chi-square, the verify's cost with the
+#          row-invariant attention on and off at 64 / 2k / 8k / 32k tokens of context
+#   exact_demo  the same on the bundled demo model (trained weights: drafts are accepted)
+#   qmv    scripts/gpu/gpu_qmv.py: the row kernel against MLX's qmv per 9B shape (fused ones too), 1-8 rows:
+#          checks (bf16/fp16, 4/8-bit, groups 32/64/128, rows bit-identical) and time per call in a graph
+#   profile  scripts/gpu/gpu_profile.py --only default eager mlx-qmv: a decode step's forward of 1-5 positions,
+#          its primitives and host build time, AR / MTP / mlx_lm paired, greedy MTP == AR
+#   fused_gdn  scripts/gpu/gpu_fused_gdn.py: the one-launch Gated-DeltaNet middle against its reference,
+#          positions together == one at a time, its time vs the ops path; then the profile's fused-gdn variant
+#   attention  scripts/gpu/gpu_attention.py: the few-row attention kernel against its reference at 64 / 2k / 8k / 32k
+#          keys, rows together == alone; then the profile's all-kernels variant
+#   check  scripts/gpu/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
+#          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
+#   d1 d2 d3  scripts/bench/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
+#   base   the same at depth 2 with the kernels off (MTP_CHAT_GPU_KERNELS=0)
+#   demo   the bundled demo model (real acceptance), depth 2, T=0.6
+#   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
+#   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
+#   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
+#          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
+#          positions (a MoE verify routes every position: more experts touched than a decode step),
+#          MTP step cost, AR vs mlx_lm -> OUT_DIR/moe_*.json
+#   next   the same for the Qwen3-Next-80B-A3B shape (~45 GB; $CKPT_NEXT) -> OUT_DIR/next_*.json
+# STAGES="d2 check" runs a subset, in that order; CKPT=/path reuses a checkpoint; PYTHON picks
+# python; STEP_TIMEOUT=s bounds each stage; CHECK_ARGS=--no-bench skips the kernel bandwidth table.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-artifacts/gpu_bench}
+CKPT=${CKPT:-/tmp/mtp_chat_q9b}
+PY=${PYTHON:-python3}
+STAGES=${STAGES:-exact exact_demo check d1 d2 d3 base demo nan report}
+CKPT_MOE=${CKPT_MOE:-/tmp/mtp_chat_q35a3b}
+CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
+
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* ]]; then
+  $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
+fi
+run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
+bench() { run $PY scripts/bench/bench.py "$@" 2>&1 | grep -v "regex pattern" | tail -n 25; }
+for stage in $STAGES; do
+  case $stage in
+    exact) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" \
+             --context 64 --context 2048 --context 8192 --context 32768 ;;
+    exact_demo) run $PY scripts/gpu/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
+    check) run $PY scripts/gpu/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
+    qmv) run $PY scripts/gpu/gpu_qmv.py --sweep --json "$OUT/qmv.json" ;;
+    attention) run $PY scripts/gpu/gpu_attention.py --json "$OUT/attention.json" \
+                 && run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default all-kernels --repeats 2 \
+                      --json "$OUT/profile_all_kernels.json" 2>&1 | grep -v "regex pattern" ;;
+    fused_gdn) run $PY scripts/gpu/gpu_fused_gdn.py --model "$CKPT" --json "$OUT/fused_gdn.json" \
+                 && run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default fused-gdn --repeats 2 \
+                      --json "$OUT/profile_fused_gdn.json" 2>&1 | grep -v "regex pattern" ;;
+    profile) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default eager mlx-qmv --repeats 2 \
+               --json "$OUT/profile.json" 2>&1 | grep -v "regex pattern" ;;
+    d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;
+    base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;
+    demo) bench --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 \
+            --repeats 5 --json "$OUT/demo.json" ;;
+    nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
+    report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
+    moe|next)
+      ck=$([ "$stage" = moe ] && echo "$CKPT_MOE" || echo "$CKPT_NEXT")
+      shape=$([ "$stage" = moe ] && echo 35b-a3b || echo next-80b-a3b)
+      [ -f "$ck/config.json" ] || $PY scripts/gpu/gpu_make_checkpoint.py --out "$ck" --shape "$shape" || continue
+      run $PY scripts/gpu/gpu_check.py --model "$ck" --no-bench --json "$OUT/${stage}_check.json"
+      for d in 1 2 3; do bench --model "$ck" --depth "$d" "${greedy[@]}" --json "$OUT/${stage}_bench_d$d.json"; done ;;
+    *) echo "unknown stage $stage" >&2 ;;
+  esac
+done
+exit 0
