@@ -58,7 +58,7 @@ def _v2_exchanges(rng, exclude):
     return items, prose, wn, removed, tool_words
 
 
-def build(out_dir, seed=35, n_docs_chat=26000, n_long=900, examples=0):
+def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
     rng = random.Random(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def build(out_dir, seed=35, n_docs_chat=26000, n_long=900, examples=0):
     # (e) topics and (b) JSON requests
     for d in parts["v3_topic"]:
         thinking = rng.random() < THINK_FRAC
-        emit("topic", system([]) + ex(d), None, thinking, {"kind": "v3_definition", "word": d["word"]})
+        emit("topic", system([]) + ex(d), None, thinking, {"kind": d["last_kind"], "word": d["word"]})
     for d in parts["v3_json"]:
         msgs = [{"role": "system", "content": d["system"]}] if d["system"] else []
         if rng.random() < 0.3:

@@ -369,6 +369,8 @@ def thought(item):
     t = THINK.get(item["kind"])
     if t and s:
         return t.format(s=s)
+    if item.get("word"):  # v2's word exchanges (define, example, synonym, ...)
+        return f'About "{item["word"]}".'
     return "A short answer."
 
 
@@ -397,7 +399,7 @@ def topic_conversations(rng, short, exclude, n=4000):
         msgs = [first["messages"][0], first["messages"][1]]
         for k in ks[1:]:
             msgs += [rng.choice(FOLLOW[k]), by_word[w][k]["messages"][1]]
-        item = {"kind": "v3_topic", "word": w, "messages": msgs}
+        item = {"kind": "v3_topic", "word": w, "messages": msgs, "last_kind": ks[-1]}
         if not exclude(item):
             out.append(item)
     return out
