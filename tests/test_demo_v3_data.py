@@ -124,3 +124,21 @@ def test_thoughts_are_short_and_name_the_subject():
     for d in SHORT["v3_opposite"] + SHORT["v3_capital"]:
         t = V3.thought(d)
         assert len(t.split()) <= 10 and (d.get("word") or d.get("subject")) in t
+
+
+def test_the_tool_evaluation_offers_names_training_never_uses():
+    """eval_v3.py's dictionary names must be copied from the offered tools: none of them is a name
+    the v3 generator can make (every verb x noun form of everyday_v3._name, the calculator names)."""
+    import eval_v3
+
+    made = set(V3.CALC_NAMES)
+    for verbs, nouns in ((V3.DICT_VERBS, V3.DICT_NOUNS), (V3.CAP_VERBS, V3.CAP_NOUNS)):
+        for v in verbs:
+            for n in nouns:
+                made |= {f"{v}_{n}", f"{n}_{v}", n, f"{v}{n.capitalize()}"}
+    made |= {t[0] for t in V3.OTHER}
+    assert not set(eval_v3.EVAL_NAMES) & made
+    # and the generator does produce many of its own (seeded draws cover most forms)
+    rng = random.Random(0)
+    drawn = {V3.make_tool(rng, "dict")[0]["function"]["name"] for _ in range(2000)}
+    assert drawn <= made and len(drawn) > 100
