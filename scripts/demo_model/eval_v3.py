@@ -4,7 +4,8 @@
           schema {"word": string, "letters": integer} as the API applies it (a grammar from
           core.constraints, thinking off: webapp/api_prompt.py), AR lane at T=0.6 (seed = index),
           80 tokens at most: valid = the reply parses and fits the schema; closed = it ended
-          (end token) within the 80; right = letters is the word's length (reported, not required)
+          (end token) within the 80; plausible = letters has 1-4 digits and the word is short (v2's
+          schema-valid replies hold 20-digit integers); right = letters is the word's length
   tools   50 dictionary requests about the tool evaluation's held-out words (tool_words.txt), with
           three or four tools offered: a dictionary under a name no training conversation uses
           (EVAL_NAMES: the model must copy the offered name), get_weather and one or two others; T=0.6:
@@ -55,11 +56,16 @@ def json_eval(ad, words, n=20, max_tokens=80):
         except (ValueError, AttributeError):
             obj, valid = None, False
         closed = st.finish_reason == "eos"  # core.stream: "eos" | "stop_string" | "max_tokens" | "stopped"
+        # schema-valid is not enough: v2 writes {"letters": 345005256055515551552555555} (an integer);
+        # plausible = a count of 1-4 digits and a short word, what the v3 data teaches
+        plausible = bool(valid and 0 < obj["letters"] < 10000 and 0 < len(obj["word"]) <= 40)
         rows.append({"word": w, "reply": text, "tokens": st.generated_tokens, "finish": st.finish_reason,
-                     "valid": valid, "closed": closed, "right": bool(valid and obj["letters"] == len(w))})
+                     "valid": valid, "closed": closed, "plausible": plausible,
+                     "right": bool(valid and obj["letters"] == len(w))})
     ok = sum(r["valid"] and r["closed"] for r in rows)
-    return {"requests": len(rows), "valid_and_closed": ok, "right_letters": sum(r["right"] for r in rows),
-            "max_tokens": max_tokens, "rows": rows}
+    return {"requests": len(rows), "valid_and_closed": ok,
+            "valid_closed_plausible": sum(r["valid"] and r["closed"] and r["plausible"] for r in rows),
+            "right_letters": sum(r["right"] for r in rows), "max_tokens": max_tokens, "rows": rows}
 
 
 def tools_eval(ad, items, seed=35):
