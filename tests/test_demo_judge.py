@@ -88,13 +88,28 @@ def test_python_names_the_function_and_no_other():
     assert not judge.judge(it, f"Use the `x{name}()` method.")[0]
 
 
-def test_exclusion_hook_keys_on_subjects_in_questions_and_capitals_in_answers():
+def test_exclusion_hook_leaves_out_the_held_out_questions_but_not_the_facts():
     ex = heldout_everyday.Exclusion()
-    assert ex({"kind": "capital", "messages": ["What is the capital of Spain?", "The capital of Spain is Madrid."]})
-    assert ex({"kind": "place", "messages": ["Where is Toledo?", "Toledo is a city in central Spain."]})
-    assert ex({"kind": "define", "word": "madrid", "messages": ["x", "y"]})
-    assert not ex({"kind": "capital", "messages": ["What is the capital of Peru?", "The capital of Peru is Lima."]})
-    assert not ex({"kind": "define", "word": "spanish", "messages": ['What does "spanish" mean?', "..."]})
+    q = lambda *m, **k: {"kind": "x", "messages": list(m), **k}  # noqa: E731
+    assert ex(q("What is the capital of Spain?", "The capital of Spain is Madrid."))
+    assert ex(q("Madrid is the capital of which country?", "Madrid is the capital of Spain."))
+    assert ex(q("Which city is the capital of Spain?", "...", subject="Spain"))
+    # the fact in another form stays: the judge asks the model to recall it
+    assert not ex(q("Where is Madrid?", "Madrid is the capital and largest city situated centrally in Spain."))
+    assert not ex(q("What is the capital of Peru?", "The capital of Peru is Lima."))
+    opp = next(i for i in judge.load_items() if i["category"] == "opposite")
+    w, ant = opp["subject"], opp["any_of"][0][0]
+    assert ex(q(f"What is the opposite of {w}?", "..."))
+    assert ex(q(f"Give me an antonym for {ant}.", "..."))                 # the other direction too
+    assert not ex(q(f"Give me a synonym for {ant}.", "..."))
+    py = next(i for i in judge.load_items() if i["category"] == "python")
+    assert ex(q(py["question"], "...", subject=py["subject"]))
+    assert ex(q(py["question"].replace("How do I", "How can I").replace("In Python, how can I", "How can I"),
+                "...")) or not py["question"].startswith(("How do I", "In Python, how can I"))
+    assert ex(q(f"What does {py['subject']}() do in Python?", "..."))
+    d = next(i for i in judge.load_items() if i["category"] == "definition")
+    assert ex(q(f"Define {d['subject']}.", "...", word=d["subject"]))
+    assert not ex(q(f"Use {d['subject']} in a sentence.", "...", word=d["subject"]))
 
 
 def test_summary_counts_by_category():

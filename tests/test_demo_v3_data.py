@@ -34,8 +34,8 @@ SHORT = {
 }
 ARITH = [{"kind": "arithmetic", "messages": ["What is 2 + 3?", "2 + 3 = 5."],
           "data": {"question": "What is 2 + 3?", "expression": "2 + 3", "result": 5}}]
-EXCLUDE = H.Exclusion([{"category": "capital", "subjects": ["Spain", "Madrid"]},
-                       {"category": "definition", "subjects": ["harbor"]}])
+EXCLUDE = H.Exclusion([{"category": "capital", "subjects": ["Spain", "Madrid"], "question": "What is the capital of Spain?"},
+                       {"category": "definition", "subjects": ["harbor"], "question": "Define harbor."}])
 
 
 def _valid(schema, obj):
@@ -112,12 +112,16 @@ def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
     assert calls > 60 and len(names_seen) > 30  # many names: the model must copy, not recall
 
 
-def test_held_out_subjects_never_appear_in_topics_or_tools():
+def test_held_out_questions_never_appear_in_topics_or_tools():
     topics = V3.topic_conversations(random.Random(0), SHORT, EXCLUDE, n=200)
-    assert topics and not any(t["word"] == "harbor" for t in topics)
+    assert topics
+    for t in topics:
+        qs = t["messages"][0::2]
+        assert not (t["word"] == "harbor" and any(re.search(r"mean|define", x, re.I) for x in qs)), qs
     for msgs, tools, _ in V3.tool_conversations(random.Random(2), SHORT, ARITH, EXCLUDE, n=200):
-        text = json.dumps(msgs)
-        assert "Spain" not in text and "harbor" not in text
+        for m in msgs:
+            if m["role"] == "user":
+                assert not re.search(r"capital of Spain", m["content"]) and not re.search(r"(mean|define).*harbor", m["content"], re.I)
 
 
 def test_thoughts_are_short_and_name_the_subject():

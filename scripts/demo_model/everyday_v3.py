@@ -388,7 +388,8 @@ def topic_conversations(rng, short, exclude, n=4000):
     by_word = defaultdict(dict)
     for k in ("v3_definition", "v3_opposite", "v3_kind"):
         for d in short[k]:
-            by_word[d["word"]].setdefault(k, d)
+            if not exclude(d):  # each part on its own: a follow-up "What does it mean?" is a question too
+                by_word[d["word"]].setdefault(k, d)
     words = sorted(w for w, ks in by_word.items() if len(ks) >= 2)
     out = []
     for _ in range(n):

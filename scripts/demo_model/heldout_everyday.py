@@ -23,11 +23,12 @@ Each line of heldout_everyday.jsonl: {"id", "category", "question", "subject", "
 name the exclusion hook keys on), "any_of" (accepted answers), "min_hits" (how many distinct
 any_of entries must appear), "none_of" (names whose mention makes the answer wrong), "source"}.
 
-Why these subjects are held out of training: the judge measures whether v3 answers from what it
-learnt of the corpora, not whether it recalls a training exchange about the very question. The
-data generators of v3 call `excluded(item)` on every exchange (by its "word", and by whole-word
-matches of the subjects in its question, and, for capitals, also in its answer: an exchange "Where
-is Madrid?" -> "... the capital of Spain" would teach the held-out answer).
+Why these questions are held out of training: the judge measures whether v3 answers from what it
+learnt of the corpora, not whether it replays a training exchange of the very question. The data
+generators of v3 call `Exclusion()(item)` on every exchange: one that names a held-out subject and
+asks what the held-out question asks (the capital of Spain, or which country Madrid is the capital
+of; the opposite of a word either way; its kind; its meaning; the Python function) is left out;
+the rest of what the corpora say about the subject stays (see INTENT).
 
     python scripts/demo_model/heldout_everyday.py          # rewrites heldout_everyday.jsonl (seed 35)
 """
@@ -339,27 +340,57 @@ def load(path=HELDOUT):
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
 
 
+# What a question must ask (besides naming a held-out subject) to be the held-out question again.
+# Other exchanges about the subject stay: the judge asks for what the corpora hold in another form
+# (WordNet's gloss of Madrid, "the capital and largest city situated centrally in Spain", stays as
+# "Where is Madrid?"; a held-out word keeps its synonyms and examples, and its synset-mates keep
+# the shared gloss), so answering means recalling a fact, not replaying an exchange.
+INTENT = {
+    "capital": re.compile(r"\bcapital|\bcountry\b"),
+    "opposite": re.compile(r"opposite|antonym"),
+    "kind": re.compile(r"\bkind\b|\btype\b|categor|belong"),
+    # a definition is any question about the word that asks for none of its other relations
+    "definition": re.compile(r"^(?!.*(?:opposite|antonym|\bkind\b|\btype\b|categor|belong|synonym|another word|"
+                             r"another way|spell|letters|sentence|example)).*$", re.S),
+    "python": re.compile(r"python|\(\)|`"),
+}
+
+
+def _task_of(question):
+    """The task phrase of a held-out Python question ("add an item to the end of the list")."""
+    m = re.match(r"(?:How do I|In Python, how can I|Which Python [a-z ]+ do I use to) (.+?)(?: in Python)?\?$", question)
+    return m.group(1).lower() if m else None
+
+
 class Exclusion:
-    """Is a training exchange about a held-out question's subject? Keys: the exchange's "word",
-    whole-word matches of every subject in its question, and of the capitals' subjects (country and
-    city) also in its answer. One compiled alternation: ~200 subjects over ~150k exchanges in
-    seconds."""
+    """Is a training exchange one of the held-out questions again? An exchange is left out when it
+    names a held-out item's subject (its "word"/"subject", or a whole-word match in its question)
+    AND its question asks what that item asks (INTENT: the capital of the country or the country of
+    the city, the opposite in either direction, the kind, the meaning, the Python function), or
+    when its question holds a held-out Python question's task ("add an item to the end of the
+    list"), whatever the function's name. One compiled alternation per category: ~200 subjects over
+    ~150k exchanges in seconds."""
 
     def __init__(self, items=None):
         items = load() if items is None else items
-        self.words = {s.lower() for it in items for s in it["subjects"]}
-        in_answer = {s.lower() for it in items if it["category"] == "capital" for s in it["subjects"]}
         alt = lambda xs: re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(xs, key=len, reverse=True))) + r")\b")
-        self._q = alt(self.words)
-        self._a = alt(in_answer) if in_answer else None
+        self.by_cat = {}
+        for it in items:
+            self.by_cat.setdefault(it["category"], set()).update(s.lower() for s in it["subjects"])
+        self.words = {s for v in self.by_cat.values() for s in v}
+        self._re = {c: alt(v) for c, v in self.by_cat.items()}
+        tasks = [t for t in (_task_of(it.get("question", "")) for it in items if it["category"] == "python") if t]
+        self._tasks = alt(tasks) if tasks else None
 
     def __call__(self, item) -> bool:
-        if str(item.get("word", "")).lower() in self.words:
+        key = str(item.get("word") or item.get("subject") or "").lower()
+        q = item["messages"][0].lower()
+        if self._tasks and self._tasks.search(q):
             return True
-        msgs = item["messages"]
-        if self._q.search(msgs[0].lower()):
-            return True
-        return bool(self._a and any(self._a.search(m.lower()) for m in msgs[1:]))
+        for cat, subjects in self.by_cat.items():
+            if (key in subjects or self._re[cat].search(q)) and INTENT[cat].search(q):
+                return True
+        return False
 
 
 def main():
