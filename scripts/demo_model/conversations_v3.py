@@ -62,9 +62,14 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
     rng = random.Random(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    exclude = H.Exclusion()
+    judge_ex = H.Exclusion()
     render = C.Renderer()
-    v2_items, prose, wn, removed, tool_words = _v2_exchanges(rng, exclude)
+    v2_items, prose, wn, removed, tool_words = _v2_exchanges(rng, judge_ex)
+    evals = {l.strip().lower() for f in ("everyday_prompts.txt", "race_prompts.txt")
+             for l in (HERE / f).read_text().splitlines() if l.strip()}
+    # v3's own exchanges keep v2's held-out rules too (evaluate.py's everyday and race prompts and the
+    # tool evaluation's words stay unseen, so v2 and v3 are measured on the same unseen prompts)
+    exclude = lambda d: judge_ex(d) or C.held_out(d, tool_words, evals)  # noqa: E731
     arith = [d for d in v2_items if d["kind"] == "arithmetic"]
     parts, tool_convs = V3.generate(seed, exclude, arith)
     v3_single = [d for k, v in parts.items() if k not in ("v3_json", "v3_topic") for d in v]
@@ -72,7 +77,7 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
     rng.shuffle(v2_items)
     # held-out conversations of v3's own kinds (stratified), for the probe's held-out loss
     eval_set = []
-    for k in ("v3_capital", "v3_opposite", "v3_kind", "v3_definition", "v3_python"):
+    for k in ("v3_capital", "v3_place", "v3_opposite", "v3_kind", "v3_definition", "v3_python"):
         ds = [d for d in v3_single if d["kind"] == k][:8]
         eval_set += ds
     ids = {id(d) for d in eval_set}

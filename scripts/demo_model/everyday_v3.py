@@ -87,6 +87,13 @@ def capitals(rng, syn, idx, exclude, copies=4):
             out.append({"kind": "v3_capital", "messages": [q.format(c=country), ans], "subject": country})
         q = rng.choice(CAP_REV_Q).format(n=city)
         out.append({"kind": "v3_capital", "messages": [q, f"{city} is the capital of {country}."], "subject": country})
+        # the city's own gloss, asked about the city ("Where is Lusaka?"): the fact in the corpora's
+        # form, kept for the held-out capitals too (the judge asks the other way round)
+        gloss = re.sub(r"\s+", " ", s["def"].split(";")[0]).strip()
+        gloss = gloss if re.match(r"(a|an|the) ", gloss) else "the " + gloss
+        out.append({"kind": "v3_place", "subject": city,
+                    "messages": [rng.choice(["Where is {n}?", "What is {n}?", "Tell me about {n}."]).format(n=city),
+                                 f"{city} is {gloss}."]})
     return [d for d in out if not exclude(d)]
 
 
@@ -175,7 +182,9 @@ def python_basics(rng, exclude, copies=4):
 def short_answers(rng, exclude):
     syn, idx = H._wordnet()
     kinds, defs = kinds_and_definitions(rng, syn, idx, exclude)
-    return {"v3_capital": capitals(rng, syn, idx, exclude), "v3_opposite": opposites(rng, syn, idx, exclude),
+    caps = capitals(rng, syn, idx, exclude)
+    return {"v3_capital": [d for d in caps if d["kind"] == "v3_capital"],
+            "v3_place": [d for d in caps if d["kind"] == "v3_place"], "v3_opposite": opposites(rng, syn, idx, exclude),
             "v3_kind": kinds, "v3_definition": defs, "v3_python": python_basics(rng, exclude)}
 
 

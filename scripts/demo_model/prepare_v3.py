@@ -35,6 +35,27 @@ def size_mib(p: Path) -> float:
         else round(p.stat().st_size / 2**20, 2)
 
 
+def leak_check(corpus_dir):
+    """No held-out question (nor a Python one's task) is asked in the corpus: {what: count} over
+    the user turns (the docs' own sentences, "Add an item to the end of the list.", stay in the
+    tutorial prose and in answers: that is the corpora's knowledge, not the question)."""
+    import re
+
+    import heldout_everyday as H
+
+    items = H.load()
+    keys = [it["question"].lower() for it in items] + [t for t in (H._task_of(it["question"]) for it in items
+                                                                   if it["category"] == "python") if t]
+    pat = re.compile("|".join(re.escape(k) for k in sorted(set(keys), key=len, reverse=True)))
+    found = {}
+    with open(Path(corpus_dir) / "docs.jsonl") as f:
+        for line in f:
+            for turn in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", json.loads(line)["text"].lower(), re.S):
+                for m in pat.finditer(turn):
+                    found[m.group(0)] = found.get(m.group(0), 0) + 1
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", nargs="+", default=["corpus", "data", "carry"], choices=["corpus", "data", "carry"])
@@ -47,6 +68,10 @@ def main():
         import conversations_v3
 
         conversations_v3.build(work / "corpus")
+        leaks = leak_check(work / "corpus")
+        print("held-out questions found in the corpus:", leaks or "none")
+        if leaks:
+            raise SystemExit("the corpus holds held-out questions")
     if "data" in a.steps:
         import tokenizer
 
