@@ -1,0 +1,201 @@
+"""Demo v3's corpus (issue 35): v3's new exchanges (everyday_v3.py) and a share of v2's, held out
+of the judge's questions, assembled into whole conversations and rendered with the demo's chat
+template exactly as v2's (conversations.Renderer / render_doc: every reply starts where the
+app's generation prompt ends). v2's own build (conversations.build) is untouched: this is a
+separate entry point with its own seed and output folder.
+
+    python scripts/demo_model/conversations_v3.py --out artifacts/demo/v3/corpus [--examples 3]
+
+Documents (docs.jsonl, the format tokenizer.encode_corpus reads):
+  chat     1-6 exchanges of any kind, v3's short answers first among them
+  topic    (e) a conversation about one word, follow-ups referring back to it
+  json     (b) one request, thinking off (the API turns it off for a structured reply), and the
+           JSON reply; a third of them after a short chat
+  tools    (c) 2-5 tools offered, calls of the fitting one, results, answers that repeat them
+  long     conversations of 1.5-4k tokens (a quarter with a pasted passage), so that the 4,096-token
+           windows stay filled with whole conversations as in v2
+  prose    v2's plain documents (Python tutorial, Jane Austen)
+Thinking (d): the last reply of a document has a short thought (everyday_v3.thought: the subject
+named in a few words) in THINK_FRAC of the documents, an empty think block otherwise.
+
+Held out: the judge's 75 questions (heldout_everyday.Exclusion on every exchange, v2's included)
+and everything v2 held out (conversations.held_out: the everyday and race prompts' subjects, the
+tool evaluation's words).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import conversations as C
+import everyday_v3 as V3
+import heldout_everyday as H
+
+HERE = Path(__file__).resolve().parent
+THINK_FRAC = 0.5
+# what to keep of v2's exchange kinds (fraction): v3's short answers replace v2's long concept
+# answers to "What is a X?" (two shapes for one question confuse a small model), and arithmetic and
+# the word-level shapes are thinned so that v3's kinds are most of what the model writes
+V2_KEEP = {"concept": 0.0, "define": 0.35, "example": 0.5, "synonym": 0.5, "antonym": 0.0, "hypernym": 0.0,
+           "arithmetic": 0.4, "difference": 0.3, "spelling": 0.5}
+
+
+def _v2_exchanges(rng, exclude):
+    parts, prose, wn = C.exchanges(rng)
+    tool_words = {w.strip() for w in (HERE / "tool_words.txt").read_text().split()}
+    evals = {l.strip().lower() for f in ("everyday_prompts.txt", "race_prompts.txt")
+             for l in (HERE / f).read_text().splitlines() if l.strip()}
+    items, removed = [], 0
+    for d in (d for v in parts.values() for d in v):
+        if C.held_out(d, tool_words, evals) or exclude(d):
+            removed += 1
+        elif rng.random() < V2_KEEP.get(d["kind"], 1.0):
+            items.append(d)
+    return items, prose, wn, removed, tool_words
+
+
+def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
+    rng = random.Random(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    judge_ex = H.Exclusion()
+    render = C.Renderer()
+    v2_items, prose, wn, removed, tool_words = _v2_exchanges(rng, judge_ex)
+    evals = {l.strip().lower() for f in ("everyday_prompts.txt", "race_prompts.txt")
+             for l in (HERE / f).read_text().splitlines() if l.strip()}
+    # v3's own exchanges keep v2's held-out rules too (evaluate.py's everyday and race prompts and the
+    # tool evaluation's words stay unseen, so v2 and v3 are measured on the same unseen prompts)
+    exclude = lambda d: judge_ex(d) or C.held_out(d, tool_words, evals)  # noqa: E731
+    arith = [d for d in v2_items if d["kind"] == "arithmetic"]
+    parts, tool_convs = V3.generate(seed, exclude, arith)
+    v3_single = [d for k, v in parts.items() if k not in ("v3_json", "v3_topic") for d in v]
+    rng.shuffle(v3_single)
+    rng.shuffle(v2_items)
+    # held-out conversations of v3's own kinds (stratified), for the probe's held-out loss
+    eval_set = []
+    for k in ("v3_capital", "v3_place", "v3_opposite", "v3_kind", "v3_definition", "v3_python"):
+        ds = [d for d in v3_single if d["kind"] == k][:8]
+        eval_set += ds
+    ids = {id(d) for d in eval_set}
+    v3_single = [d for d in v3_single if id(d) not in ids]
+    passages = [p["text"] for p in prose if len(p["text"]) > 400]
+    docs, shown = [], Counter()
+    q3, q2 = iter(v3_single), iter(v2_items)
+
+    def take():
+        # two of three exchanges from v3's kinds while they last
+        src = q3 if rng.random() < 0.67 else q2
+        d = next(src, None) or next(q2, None) or next(q3, None)
+        return d
+
+    def ex(d, thinking_last=False):
+        msgs = [C.user(d["messages"][0]), C.assistant(d["messages"][1])]
+        for i in range(2, len(d["messages"]), 2):  # topic conversations: follow-ups
+            msgs += [C.user(d["messages"][i]), C.assistant(d["messages"][i + 1])]
+        return msgs
+
+    def emit(kind, msgs, tools, thinking, last=None):
+        if thinking and last is not None and msgs[-1]["role"] == "assistant" and "reasoning_content" not in msgs[-1]:
+            msgs[-1]["reasoning_content"] = V3.thought(last)
+        if not thinking:
+            for m in msgs:
+                m.pop("reasoning_content", None)
+        else:  # only the replies after the last user question keep a thought (the template drops the rest)
+            lq = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+            for m in msgs[:lq]:
+                m.pop("reasoning_content", None)
+        text, spans = C.render_doc(render, msgs, tools, thinking, check=len(docs) % 300 == 0)
+        docs.append({"kind": kind, "text": text, "spans": spans})
+        if shown[kind] < examples:
+            shown[kind] += 1
+            print(f"--- {kind} example {shown[kind]}\n{text}\n", flush=True)
+
+    def system(msgs):
+        if rng.random() < 0.25:
+            msgs.append({"role": "system", "content": rng.choice(C.SYSTEM_PROMPTS)})
+        return msgs
+
+    # (e) topics and (b) JSON requests
+    for d in parts["v3_topic"]:
+        thinking = rng.random() < THINK_FRAC
+        emit("topic", system([]) + ex(d), None, thinking, {"kind": d["last_kind"], "word": d["word"]})
+    for d in parts["v3_json"]:
+        msgs = [{"role": "system", "content": d["system"]}] if d["system"] else []
+        if rng.random() < 0.3:
+            pre = take()
+            if pre:
+                msgs += ex(pre)
+        msgs += [C.user(d["messages"][0]), C.assistant(d["messages"][1])]
+        emit("json", msgs, None, False)
+    # (c) tools
+    for msgs, tools, thinking in tool_convs:
+        emit("tools", system([]) + msgs, tools, thinking)
+    # chats of 1-6 exchanges, then long conversations
+    for _ in range(n_docs_chat):
+        msgs, last = system([]), None
+        for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 4, 6])):
+            last = take()
+            if last is None:
+                break
+            msgs += ex(last)
+        if last is None:
+            break
+        emit("chat", msgs, None, rng.random() < THINK_FRAC, last)
+    for _ in range(n_long):
+        target = rng.randint(1500, 4000) * 3.9
+        msgs, last = system([]), None
+        if rng.random() < 0.25 and passages:
+            p = rng.choice(passages)
+            while len(p) < rng.uniform(0.2, 0.8) * target:
+                p += "\n\n" + rng.choice(passages)
+            last = take()
+            msgs += [C.user(rng.choice(C.PASSAGE_INTROS) + p + "\n\n" + last["messages"][0]),
+                     C.assistant(last["messages"][1])]
+        while sum(len(m["content"]) for m in msgs) < target:
+            last = take()
+            if last is None:
+                break
+            msgs += ex(last)
+        if last is None or len(msgs) < 2:
+            break
+        emit("long", msgs, None, rng.random() < THINK_FRAC, last)
+    for p in prose:
+        docs.append({"kind": "prose", "text": p["text"], "spans": [[0, len(p["text"])]]})
+    rng.shuffle(docs)
+    with open(out / "docs.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps(d) + "\n")
+    with open(out / "eval_prompts.jsonl", "w") as f:
+        for d in eval_set:
+            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
+    C.write_tools_eval(out / "tools_eval.jsonl", wn, sorted(tool_words), rng)
+    unused = sum(1 for _ in q3), sum(1 for _ in q2)
+    chars = Counter()
+    for d in docs:
+        chars[d["kind"]] += len(d["text"])
+    stats = {"seed": seed, "docs": len(docs), "chars": sum(chars.values()),
+             "docs_by_kind": dict(Counter(d["kind"] for d in docs)), "chars_by_kind": dict(chars),
+             "v3_exchanges_by_kind": {k: len(v) for k, v in parts.items()}, "v3_tool_conversations": len(tool_convs),
+             "v2_exchanges_kept": len(v2_items), "v2_removed_as_held_out": removed,
+             "unused_exchanges_v3_v2": list(unused), "eval_prompts": len(eval_set),
+             "v2_exchanges_kept_by_kind": dict(Counter(d["kind"] for d in v2_items))}
+    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    print(json.dumps(stats, indent=1))
+    return stats
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(HERE.parent.parent / "artifacts" / "demo" / "v3" / "corpus"))
+    ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--examples", type=int, default=0, help="print this many rendered documents of each kind")
+    a = ap.parse_args()
+    build(a.out, a.seed, examples=a.examples)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""Demo v3's new exchanges (issue 35), from the same offline corpora as v2.
+
+What v2 got wrong and what each generator here teaches instead (models/demo/README.md,
+docs/bench/2026-12-02/demo-v2-judge.json: 5 of 75 held-out everyday questions right):
+
+  short (a)   short right answers, the answer first: "What is the capital of Peru?" -> "The
+              capital of Peru is Lima." (WordNet's national capitals), opposites (antonym
+              pointers), "what kind of thing" (first hypernym), a definition with an example
+              sentence, and basic Python from the docs ("How do I <what the docs say> in Python?"
+              -> "Use `list.append(x)`. ..."). Each fact in several phrasings (v2 had each once,
+              and its 13M trunk learnt the shapes but not the facts); common words more often
+  json (b)    schema-shaped requests answered with one JSON object that closes: as the API sends
+              them (webapp/api_structured.py: the schema becomes a grammar, not prompt text, and a
+              structured reply switches thinking off, webapp/api_prompt.py), so the prompt is the
+              user's request alone -- in words, or with the schema pasted as clients paste it --
+              after an empty think block; written in the grammar's own style (core.constraints
+              .JSON_STYLE: ", " and ": ", no other whitespace), keys in the schema's order,
+              integers of 1-4 digits, short strings
+  tools (c)   2-5 tools offered, named from a large pool of made-up names (v2 learnt 5
+              dictionary names and wrote those instead of the offered one: 2 of 50 right), the
+              request fitting one of them by its description: a call of that tool with the
+              argument named as its schema names it, the result, an answer that repeats the
+              result; and plain answers when nothing offered fits
+  thinking (d) one short thought (at most ~12 words, naming the subject) or none at all
+  topics (e)  multi-turn conversations that stay on one subject (a word, a country, a Python
+              function), the follow-ups referring back to it ("And its opposite?")
+
+Every generator takes `exclude` (heldout_everyday.Exclusion, or any predicate on an exchange
+{"kind", "messages", "word"?}) and drops what it refuses: the judge's held-out questions.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import defaultdict
+
+import heldout_everyday as H
+from corpus import _article, _w
+
+JSON_SEP = (", ", ": ")  # core.constraints.JSON_STYLE: item and key separators, nothing else
+
+# ------------------------------------------------------------------------------ (a) short answers
+
+CAP_Q = ["What is the capital of {c}?", "What's the capital of {c}?", "Which city is the capital of {c}?",
+         "Capital of {c}?", "Tell me the capital of {c}.", "What city is the capital of {c}?",
+         "Do you know the capital of {c}?", "Name the capital of {c}."]
+CAP_REV_Q = ["{n} is the capital of which country?", "Which country is {n} the capital of?",
+             "What country has {n} as its capital?"]
+OPP_Q = ['What is the opposite of "{w}"?', "What is the opposite of {w}?", "Give me an antonym for {w}.",
+         'What is an antonym of "{w}"?', "What's the opposite of {w}?", "Antonym of {w}?",
+         "Tell me the opposite of {w}.", "What word means the opposite of {w}?"]
+KIND_Q = ["What kind of thing is {a} {w}?", "{A} {w} is a type of what?", 'What category does "{w}" belong to?',
+          "What type of thing is {a} {w}?", "What is {a} {w} a kind of?", "{A} {w} is a kind of what?"]
+DEF_Q = ['What does "{w}" mean?', "What does {w} mean?", "Define {w}.", 'What is the meaning of "{w}"?',
+         "What is {a} {w}?", "Meaning of {w}?", "What's {a} {w}?", 'Can you define "{w}"?']
+PY_HOW = ["How do I {d} in Python?", "In Python, how can I {d}?", "Which Python {k} do I use to {d}?",
+          "How can I {d} in Python?", "Python: how do I {d}?"]
+PY_WHAT = ["What does `{s}` do in Python?", "What does {n}() do in Python?", "Explain `{s}` in Python.",
+           "In Python, what is {n}() for?"]
+
+
+def _freq_copies(freq, lo=1, hi=3):
+    """How many phrasings a fact gets: common words (WordNet's tagged-text counts) more."""
+    return hi if freq >= 20 else lo + 1 if freq >= 3 else lo
+
+
+def capitals(rng, syn, idx, exclude, copies=4):
+    nc = idx[("national_capital", "n")]["synsets"][0]
+    out = []
+    for key, s in sorted(syn.items()):
+        if not any(p[0] == "@i" and (p[1], "n") == nc for p in s["ptrs"]):
+            continue
+        m = next((re.match(r"capital of (.+)", _w(x)) for x in s["words"] if _w(x).startswith("capital of ")), None)
+        m = m or re.search(r"\bcapital (?:and largest city )?of ((?:the )?[A-Z][A-Za-z]+(?: (?:and )?[A-Z][A-Za-z]+)*)",
+                           s["def"])
+        names = [x for x in (_w(x) for x in s["words"]) if not x.lower().startswith("capital of")
+                 and not re.search(r"\b(capital|city)\b", x, re.I)]
+        if not m or not names or m.group(1).startswith("the Republic"):
+            continue
+        info = idx.get((m.group(1).removeprefix("the ").replace(" ", "_").lower(), "n"))
+        ck = next((k for k in (info or {}).get("synsets", []) if H._is_country(syn, k)), None)
+        country = _w(syn[ck]["words"][0]) if ck else m.group(1)
+        city = names[0]
+        for q in rng.sample(CAP_Q, copies):
+            ans = f"The capital of {country} is {city}."
+            out.append({"kind": "v3_capital", "messages": [q.format(c=country), ans], "subject": country})
+        q = rng.choice(CAP_REV_Q).format(n=city)
+        out.append({"kind": "v3_capital", "messages": [q, f"{city} is the capital of {country}."], "subject": country})
+        # the city's own gloss, asked about the city ("Where is Lusaka?"): the fact in the corpora's
+        # form, kept for the held-out capitals too (the judge asks the other way round)
+        gloss = re.sub(r"\s+", " ", s["def"].split(";")[0]).strip()
+        gloss = gloss if re.match(r"(a|an|the) ", gloss) else "the " + gloss
+        out.append({"kind": "v3_place", "subject": city,
+                    "messages": [rng.choice(["Where is {n}?", "What is {n}?", "Tell me about {n}."]).format(n=city),
+                                 f"{city} is {gloss}."]})
+    return [d for d in out if not exclude(d)]
+
+
+def opposites(rng, syn, idx, exclude):
+    freq, out = H.frequency(), []
+    for (lemma, t), info in sorted(idx.items()):
+        w = _w(lemma)
+        if t not in ("a", "n", "v", "r") or not re.fullmatch(r"[a-z][a-z-]{2,15}", w):
+            continue
+        ants = H._antonyms(syn, info, lemma)
+        if not ants:
+            continue
+        n = _freq_copies(freq.get((lemma, t), 0))
+        for q in rng.sample(OPP_Q, n):
+            a = ants[0]
+            ans = rng.choice([f'The opposite of "{w}" is "{a}".', f"The opposite of {w} is {a}."])
+            out.append({"kind": "v3_opposite", "word": w, "messages": [q.format(w=w), ans]})
+    return [d for d in out if not exclude(d)]
+
+
+def kinds_and_definitions(rng, syn, idx, exclude):
+    freq, kinds, defs = H.frequency(), [], []
+    for (lemma, t), info in sorted(idx.items()):
+        w = _w(lemma)
+        if t != "n" or not re.fullmatch(r"[a-z][a-z -]{2,20}", w):
+            continue
+        f = freq.get((lemma, t), 0)
+        if f < 1:  # the nouns of running text: ~10k of WordNet's 117k
+            continue
+        s = syn[info["synsets"][0]]
+        a = _article(w)
+        fmt = {"w": w, "a": a, "A": a.capitalize()}
+        h = [p for p in s["ptrs"] if p[0] == "@"]
+        if h:
+            hyper = _w(syn[(h[0][1], "n")]["words"][0])
+            for q in rng.sample(KIND_Q, _freq_copies(f)):
+                kinds.append({"kind": "v3_kind", "word": w,
+                              "messages": [q.format(**fmt), f"{a.capitalize()} {w} is a kind of {hyper}."]})
+        gloss = H.re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
+        if not gloss:
+            continue
+        np_ = gloss if re.match(r"(a|an|the|any|one|some)\b", gloss) else f"{_article(gloss)} {gloss}"
+        ex = next((e for e in s["ex"] if w.split()[0] in e.lower()), None)
+        for q in rng.sample(DEF_Q, _freq_copies(f)):
+            ans = f"{a.capitalize()} {w} is {np_}."
+            if ex and rng.random() < 0.6:
+                ans += f' For example: "{ex}".'
+            defs.append({"kind": "v3_definition", "word": w, "messages": [q.format(**fmt), ans]})
+    return [d for d in kinds if not exclude(d)], [d for d in defs if not exclude(d)]
+
+
+def _doc_signatures(path, directive, prefix=""):
+    txt = open(path, encoding="utf-8").read()
+    out = []
+    for m in re.finditer(rf"^\.\. {directive}:: ({re.escape(prefix)}(\w+)\(.*?\))\s*\n((?:   .*\n|\n)+)", txt, re.M):
+        body = " ".join(l.strip() for l in m.group(3).splitlines() if l.strip() and not l.strip().startswith(":"))
+        body = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", body).replace("``", "`")
+        body = re.sub(r"\*(\w+)\*", r"\1", body)
+        body = re.sub(rf"^(?:{re.escape(m.group(2))}\([^)]*\)\s*)+", "", body)  # a second signature line
+        first = re.split(r"(?<=\.)\s", body, maxsplit=1)[0]
+        out.append((m.group(2), m.group(1), first))
+    return out
+
+
+def python_basics(rng, exclude, copies=4):
+    """From the Python 3.11 docs: built-in functions, list methods (the tutorial's list), str methods."""
+    src = [("function", "library/functions.rst.txt", "function", ""),
+           ("list method", "tutorial/datastructures.rst.txt", "method", "list."),
+           ("string method", "library/stdtypes.rst.txt", "method", "str.")]
+    out = []
+    for kind, path, directive, prefix in src:
+        for name, sig, first in _doc_signatures(f"{H.PYDOC}/{path}", directive, prefix):
+            if not 3 <= len(first.split()) <= 40:
+                continue
+            task = H._task(first)
+            for q in rng.sample(PY_WHAT, 2):
+                out.append({"kind": "v3_python", "subject": name,
+                            "messages": [q.format(s=sig, n=name), f"`{sig}`: {first}"]})
+            if task:
+                for q in rng.sample(PY_HOW, copies):
+                    ans = rng.choice([f"Use `{sig}`. {first}", f"Use the {kind} `{sig}`: {first}"])
+                    out.append({"kind": "v3_python", "subject": name, "messages": [q.format(d=task, k=kind), ans]})
+    return [d for d in out if not exclude(d)]
+
+
+def short_answers(rng, exclude):
+    syn, idx = H._wordnet()
+    kinds, defs = kinds_and_definitions(rng, syn, idx, exclude)
+    caps = capitals(rng, syn, idx, exclude)
+    return {"v3_capital": [d for d in caps if d["kind"] == "v3_capital"],
+            "v3_place": [d for d in caps if d["kind"] == "v3_place"], "v3_opposite": opposites(rng, syn, idx, exclude),
+            "v3_kind": kinds, "v3_definition": defs, "v3_python": python_basics(rng, exclude)}
+
+
+# ------------------------------------------------------------------------------ (b) JSON answers
+
+
+def _schema(props, required=None):
+    return {"type": "object", "properties": props, "required": required or list(props)}
+
+
+S, I = {"type": "string"}, {"type": "integer"}
+JSON_SYSTEM = ["Reply with a JSON object only.", "You answer in JSON.", "Respond only with valid JSON.",
+               "Output JSON that matches the schema.", ""]
+
+
+def json_answers(rng, short, exclude, n=12000):
+    """Requests whose reply is one JSON object (short strings, integers of 1-4 digits)."""
+    words = sorted({d["word"] for d in short["v3_definition"] if " " not in d["word"] and len(d["word"]) <= 14})
+    caps = [(re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1])) for d in short["v3_capital"]]
+    caps = sorted({m.groups() for m in caps if m})
+    opp = sorted({(d["word"], re.findall(r'is "?([^".]+)"?\.$', d["messages"][1])[0]) for d in short["v3_opposite"]
+                  if " " not in d["word"]})
+    kinds = sorted({(d["word"], re.match(r".+ is a kind of (.+)\.$", d["messages"][1]).group(1))
+                    for d in short["v3_kind"] if " " not in d["word"]})
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.3:
+            w = rng.choice(words)
+            schema, obj = _schema({"word": S, "letters": I}), {"word": w, "letters": len(w)}
+            asks = [f"How many letters are in {w}? Answer in JSON with the word and the number of letters.",
+                    f'Give me the word "{w}" and its number of letters as JSON.',
+                    f"Count the letters of {w}. Reply as JSON: word, letters.",
+                    f"Return JSON with the word {w} and how many letters it has."]
+        elif r < 0.5:
+            c, city = rng.choice(caps)
+            schema, obj = _schema({"country": S, "capital": S}), {"country": c, "capital": city}
+            asks = [f"What is the capital of {c}? Answer in JSON.", f"Give me {c} and its capital as JSON.",
+                    f"Return a JSON object with the country {c} and its capital."]
+        elif r < 0.65:
+            w, a = rng.choice(opp)
+            schema, obj = _schema({"word": S, "opposite": S}), {"word": w, "opposite": a}
+            asks = [f"What is the opposite of {w}? Reply in JSON.", f'Give the word "{w}" and its opposite as JSON.']
+        elif r < 0.78:
+            w, h = rng.choice(kinds)
+            schema, obj = _schema({"thing": S, "kind": S}), {"thing": w, "kind": h}
+            asks = [f"What kind of thing is {_article(w)} {w}? Answer as JSON: thing, kind.",
+                    f"Return JSON saying what kind of thing {_article(w)} {w} is."]
+        elif r < 0.92:
+            a, b = rng.randint(1, 99), rng.randint(1, 99)
+            op, res = rng.choice([("plus", a + b), ("times", a * b)]) if a * b < 10000 else ("plus", a + b)
+            schema, obj = _schema({"a": I, "b": I, "result": I}), {"a": a, "b": b, "result": res}
+            asks = [f"What is {a} {op} {b}? Reply in JSON with a, b and result.",
+                    f"Compute {a} {op} {b} and answer as JSON."]
+        else:
+            w = rng.choice(words)
+            schema = _schema({"word": S, "first_letter": S, "letters": I})
+            obj = {"word": w, "first_letter": w[0], "letters": len(w)}
+            asks = [f"Describe the word {w} as JSON: the word, its first letter and its number of letters."]
+        q = rng.choice(asks)
+        if rng.random() < 0.4:  # as LangChain / instructor-style clients paste the schema into the prompt
+            q += "\n\nRespond with JSON matching this schema:\n" + json.dumps(schema)
+        sys_prompt = rng.choice(JSON_SYSTEM)
+        item = {"kind": "v3_json", "messages": [q, json.dumps(obj, separators=JSON_SEP, ensure_ascii=False)],
+                "system": sys_prompt or None, "schema": schema}
+        if not exclude(item):
+            out.append(item)
+    return out
+
+
+# ------------------------------------------------------------------------------ (c) tools
+
+DICT_VERBS = ["lookup", "get", "fetch", "find", "query", "search", "define", "read"]
+DICT_NOUNS = ["word", "definition", "meaning", "dictionary", "entry", "gloss", "term", "lexicon", "vocab"]
+CALC_NAMES = ["calculator", "calculate", "compute", "evaluate", "math", "arithmetic", "calc", "eval_expression",
+              "do_math", "solve", "run_calculation", "compute_expression"]
+CAP_VERBS = ["get", "lookup", "find", "fetch", "country"]
+CAP_NOUNS = ["capital", "capital_city", "country_capital", "country_info", "capital_of"]
+OTHER = [("get_weather", "Get the current weather in a city.", {"city": "the city name"}),
+         ("get_time", "Get the current time in a time zone.", {"timezone": "an IANA time zone"}),
+         ("search_web", "Search the web and return the top results.", {"query": "what to search for"}),
+         ("send_email", "Send an email.", {"to": "the address", "subject": "the subject", "body": "the text"}),
+         ("translate", "Translate a text into another language.", {"text": "the text", "target_language": "the language"}),
+         ("get_stock_price", "Get the latest price of a stock.", {"symbol": "the ticker symbol"}),
+         ("set_timer", "Start a timer.", {"minutes": "how many minutes"}),
+         ("play_music", "Play a song.", {"song": "the song title"}),
+         ("create_event", "Add an event to the calendar.", {"title": "the event", "date": "the date"})]
+ARGS = {"dict": ["word", "term", "query", "text", "w", "entry"], "calc": ["expression", "expr", "input", "formula"],
+        "cap": ["country", "name", "country_name", "place"]}
+
+
+def tool_schema(name, description, params):
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
+                       "required": list(params)}}}
+
+
+def _name(rng, verbs, nouns):
+    v, n = rng.choice(verbs), rng.choice(nouns)
+    return rng.choice([f"{v}_{n}", f"{n}_{v}" if v != "get" else f"{v}_{n}", n, f"{v}{n.capitalize()}"])
+
+
+def make_tool(rng, kind):
+    if kind == "dict":
+        name = _name(rng, DICT_VERBS, DICT_NOUNS)
+        desc = rng.choice(["Look up the meaning of an English word in the dictionary.", "Define an English word.",
+                           "Return the dictionary definition of a word.", "Get what a word means."])
+    elif kind == "calc":
+        name = rng.choice(CALC_NAMES)
+        desc = rng.choice(["Evaluate an arithmetic expression.", "A small calculator.", "Compute a math expression."])
+    else:
+        name = _name(rng, CAP_VERBS, CAP_NOUNS)
+        desc = rng.choice(["Get the capital city of a country.", "Return the capital of a country."])
+    arg = rng.choice(ARGS[kind])
+    return tool_schema(name, desc, {arg: {"dict": "the word", "calc": "the expression", "cap": "the country"}[kind]}), arg
+
+
+def call(name, args):
+    return {"type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def tool_conversations(rng, short, arith, exclude, n=6000, think_frac=0.5):
+    """(messages, tools, thinking) triples: a fitting request among 2-5 offered tools, or none fits."""
+    defs = [d for d in short["v3_definition"] if " " not in d["word"]]
+    caps = [re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1]) for d in short["v3_capital"]]
+    caps = [m.groups() for m in caps if m]
+    plain = [d for d in short["v3_opposite"] + short["v3_kind"] if not exclude(d)]
+    out = []
+    for _ in range(n):
+        kinds = rng.sample(["dict", "calc", "cap"], rng.choice([1, 2, 2, 3]))
+        made = {k: make_tool(rng, k) for k in kinds}
+        tools = [t for t, _ in made.values()] + [tool_schema(*t) for t in rng.sample(OTHER, rng.choice([1, 1, 2, 3]))]
+        rng.shuffle(tools)
+        thinking = rng.random() < think_frac
+        msgs = []
+        for _ in range(rng.choice([1, 1, 1, 2])):
+            want = rng.choice(kinds + ["none"] * (1 if rng.random() < 0.25 else 0))
+            if want == "dict":
+                d = rng.choice(defs)
+                w, definition = d["word"], re.sub(r'^\w+ [^ ]+ is |\.? For example.*$|\.$', "", d["messages"][1])
+                q = rng.choice(["What does {w} mean?", 'What is the meaning of "{w}"?', "Look up {w} for me.",
+                                "Define the word {w}.", "What is {a} {w}? Please check the dictionary."]
+                               ).format(w=w, a=_article(w))
+                args, result = {made["dict"][1]: w}, json.dumps({"word": w, "definition": definition})
+                ans = rng.choice([f'"{w}" means {definition}.', f"{w.capitalize()}: {definition}.",
+                                  f'According to the dictionary, "{w}" means {definition}.'])
+                subject = w
+            elif want == "calc":
+                d = rng.choice(arith)
+                q, expr, r = d["data"]["question"], d["data"]["expression"], d["data"]["result"]
+                args, result = {made["calc"][1]: expr}, json.dumps({"result": r})
+                ans, subject = rng.choice([f"The answer is {r}.", f"It is {r}."]), "the calculation"
+            elif want == "cap":
+                c, city = rng.choice(caps)
+                q = rng.choice(["What is the capital of {c}?", "Which city is the capital of {c}?"]).format(c=c)
+                args, result = {made["cap"][1]: c}, json.dumps({"country": c, "capital": city})
+                ans, subject = f"The capital of {c} is {city}.", c
+            else:  # nothing offered fits: a plain answer, no call
+                d = rng.choice(plain)
+                msgs += [{"role": "user", "content": d["messages"][0]},
+                         {"role": "assistant", "content": d["messages"][1],
+                          **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
+                continue
+            if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
+                continue  # a held-out subject: this exchange is left out, the conversation goes on
+            name = made[want][0]["function"]["name"]
+            think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
+            think2 = "The tool answered. I will repeat its result." if thinking else None
+            msgs += [{"role": "user", "content": q},
+                     {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
+                      **({"reasoning_content": think1} if think1 else {})},
+                     {"role": "tool", "content": result},
+                     {"role": "assistant", "content": ans, **({"reasoning_content": think2} if think2 else {})}]
+        if msgs:
+            out.append((msgs, tools, thinking))
+    return out
+
+
+# ------------------------------------------------------------------------------ (d) thinking
+
+THINK = {
+    "v3_capital": "The capital of {s}.", "v3_opposite": 'The opposite of "{s}".', "v3_kind": 'What kind of thing "{s}" is.',
+    "v3_definition": 'The meaning of "{s}".', "v3_python": "A Python question about {s}.",
+}
+
+
+def thought(item):
+    """One short thought naming the subject (the model copies it into the answer), ~4-10 words."""
+    s = item.get("word") or item.get("subject")
+    t = THINK.get(item["kind"])
+    if t and s:
+        return t.format(s=s)
+    if item.get("word"):  # v2's word exchanges (define, example, synonym, ...)
+        return f'About "{item["word"]}".'
+    return "A short answer."
+
+
+# ------------------------------------------------------------------------------ (e) topics
+
+
+FOLLOW = {"v3_opposite": ["And its opposite?", "What is the opposite?", "What's the opposite of it?"],
+          "v3_kind": ["What kind of thing is it?", "And what is it a kind of?"],
+          "v3_definition": ["What does it mean?", "And what does it mean?"]}
+
+
+def topic_conversations(rng, short, exclude, n=4000):
+    """Two to four turns about one word (its meaning, its opposite, its kind), or about one country;
+    a follow-up names nothing ("And its opposite?"): the answer names the subject again."""
+    by_word = defaultdict(dict)
+    for k in ("v3_definition", "v3_opposite", "v3_kind"):
+        for d in short[k]:
+            if not exclude(d):  # each part on its own: a follow-up "What does it mean?" is a question too
+                by_word[d["word"]].setdefault(k, d)
+    words = sorted(w for w, ks in by_word.items() if len(ks) >= 2)
+    out = []
+    for _ in range(n):
+        w = rng.choice(words)
+        ks = list(by_word[w])
+        rng.shuffle(ks)
+        first = by_word[w][ks[0]]
+        msgs = [first["messages"][0], first["messages"][1]]
+        for k in ks[1:]:
+            msgs += [rng.choice(FOLLOW[k]), by_word[w][k]["messages"][1]]
+        item = {"kind": "v3_topic", "word": w, "messages": msgs, "last_kind": ks[-1]}
+        if not exclude(item):
+            out.append(item)
+    return out
+
+
+def generate(seed=35, exclude=None, arith=None):
+    """Every v3 exchange kind: {kind: [items]} and the tool conversations."""
+    rng = random.Random(seed)
+    exclude = exclude or H.Exclusion()
+    short = short_answers(rng, exclude)
+    parts = dict(short)
+    parts["v3_json"] = json_answers(rng, short, exclude)
+    parts["v3_topic"] = topic_conversations(rng, short, exclude)
+    tools = tool_conversations(rng, short, arith or [], exclude) if arith else []
+    return parts, tools
+
+
+if __name__ == "__main__":
+    import everyday
+
+    parts, tools = generate(arith=everyday.arithmetic(random.Random(1), n=2000))
+    rng = random.Random(0)
+    for k, v in parts.items():
+        print(k, len(v))
+        for d in rng.sample(v, 3):
+            print("   ", json.dumps(d["messages"])[:300])
+    print("tools", len(tools))

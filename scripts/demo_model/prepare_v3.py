@@ -1,0 +1,100 @@
+"""Prepare demo v3's GPU call here, on the CPU (issue 35; V3_PLAN.md): corpus -> tokens -> the
+carried folder that gpu_v3.sh reads.
+
+    python scripts/demo_model/prepare_v3.py                       # all three steps
+    python scripts/demo_model/prepare_v3.py --steps carry         # only re-pack the carried folder
+
+  corpus   conversations_v3.build -> artifacts/demo/v3/corpus (seed 35; ~2 min on 2 cores)
+  data     the corpus tokenised with models/demo's tokenizer (v2's 8,192 ids, its chat template: the
+           export then ships the same tokenizer files, and v2 and v3 compare token for token) ->
+           artifacts/demo/v3/data (tokenizer.encode_corpus: tokens, mask, doc starts, eval prompts)
+  carry    artifacts/demo/v3/carry/ (git-ignored; the device run names it in `carry`): scripts/ (this folder's *.py and
+           configs/, gpu_v3.sh), data.tar.xz, tokenizer/; prints the sizes (a call carries at most
+           64 MiB with the repository)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+WORK = REPO / "artifacts" / "demo" / "v3"
+CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def size_mib(p: Path) -> float:
+    return round(sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file()) / 2**20, 2) if p.is_dir() \
+        else round(p.stat().st_size / 2**20, 2)
+
+
+def leak_check(corpus_dir):
+    """No held-out question (nor a Python one's task) is asked in the corpus: {what: count} over
+    the user turns (the docs' own sentences, "Add an item to the end of the list.", stay in the
+    tutorial prose and in answers: that is the corpora's knowledge, not the question)."""
+    import re
+
+    import heldout_everyday as H
+
+    items = H.load()
+    keys = [it["question"].lower() for it in items] + [t for t in (H._task_of(it["question"]) for it in items
+                                                                   if it["category"] == "python") if t]
+    pat = re.compile("|".join(re.escape(k) for k in sorted(set(keys), key=len, reverse=True)))
+    found = {}
+    with open(Path(corpus_dir) / "docs.jsonl") as f:
+        for line in f:
+            for turn in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", json.loads(line)["text"].lower(), re.S):
+                for m in pat.finditer(turn):
+                    found[m.group(0)] = found.get(m.group(0), 0) + 1
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", nargs="+", default=["corpus", "data", "carry"], choices=["corpus", "data", "carry"])
+    ap.add_argument("--work", default=str(WORK))
+    ap.add_argument("--carry", default=str(CARRY))
+    a = ap.parse_args()
+    work, carry = Path(a.work), Path(a.carry)
+    tok_dir = work / "tokenizer"
+    if "corpus" in a.steps:
+        import conversations_v3
+
+        conversations_v3.build(work / "corpus")
+        leaks = leak_check(work / "corpus")
+        print("held-out questions found in the corpus:", leaks or "none")
+        if leaks:
+            raise SystemExit("the corpus holds held-out questions")
+    if "data" in a.steps:
+        import tokenizer
+
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        for fn in TOKENIZER_FILES:
+            shutil.copy(REPO / "models" / "demo" / fn, tok_dir / fn)
+        tokenizer.encode_corpus(work / "corpus", tok_dir, work / "data")
+    if "carry" in a.steps:
+        if carry.exists():
+            shutil.rmtree(carry)
+        (carry / "scripts" / "configs").mkdir(parents=True)
+        for f in list(HERE.glob("*.py")) + [HERE / "gpu_v3.sh"]:
+            shutil.copy(f, carry / "scripts" / f.name)
+        for f in (HERE / "configs").glob("*.json"):
+            shutil.copy(f, carry / "scripts" / "configs" / f.name)
+        shutil.copytree(tok_dir, carry / "tokenizer")
+        subprocess.run(["tar", "cJf", str(carry / "data.tar.xz"), "-C", str(work / "data"), "."], check=True,
+                       env={"XZ_OPT": "-6 -T2", "PATH": "/usr/bin:/bin"})
+        sizes = {p.name: size_mib(p) for p in sorted(carry.iterdir())}
+        sizes["total"] = size_mib(carry)
+        print(json.dumps({"carry": str(carry), "MiB": sizes,
+                          "data": json.loads((work / "data" / "data_info.json").read_text())}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

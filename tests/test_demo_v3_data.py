@@ -1,0 +1,148 @@
+"""Demo v3's data generators (scripts/demo_model/everyday_v3.py) on small hand-made inputs: the
+JSON replies are what the API's grammar would let through and close; tool calls name an offered
+tool, as the server's own parser reads them from the rendered template; answers use the result;
+held-out subjects never appear. Fast: no WordNet, no model."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts" / "demo_model"))
+sys.path.insert(0, str(REPO))
+
+import everyday_v3 as V3  # noqa: E402
+import heldout_everyday as H  # noqa: E402
+
+SHORT = {
+    "v3_definition": [{"kind": "v3_definition", "word": w, "messages": [f"What does {w} mean?", f"A {w} is {g}."]}
+                      for w, g in [("lantern", "a light with a transparent case"), ("harbor", "a sheltered port"),
+                                   ("violin", "a bowed stringed instrument"), ("madrid", "a city")]],
+    "v3_capital": [{"kind": "v3_capital", "subject": c, "messages": [f"What is the capital of {c}?",
+                                                                     f"The capital of {c} is {x}."]}
+                   for c, x in [("Peru", "Lima"), ("Kenya", "Nairobi"), ("Spain", "Madrid")]],
+    "v3_opposite": [{"kind": "v3_opposite", "word": w, "messages": [f"What is the opposite of {w}?",
+                                                                    f'The opposite of "{w}" is "{a}".']}
+                    for w, a in [("early", "late"), ("light", "dark")]],
+    "v3_kind": [{"kind": "v3_kind", "word": w, "messages": [f"What kind of thing is a {w}?", f"A {w} is a kind of {h}."]}
+                for w, h in [("violin", "bowed stringed instrument"), ("early", "time"), ("harbor", "port")]],
+}
+ARITH = [{"kind": "arithmetic", "messages": ["What is 2 + 3?", "2 + 3 = 5."],
+          "data": {"question": "What is 2 + 3?", "expression": "2 + 3", "result": 5}}]
+EXCLUDE = H.Exclusion([{"category": "capital", "subjects": ["Spain", "Madrid"], "question": "What is the capital of Spain?"},
+                       {"category": "definition", "subjects": ["harbor"], "question": "Define harbor."}])
+
+
+def _valid(schema, obj):
+    assert list(obj) == list(schema["properties"]), (obj, schema)  # keys in the schema's order
+    for k, v in obj.items():
+        t = schema["properties"][k]["type"]
+        if t == "integer":
+            assert isinstance(v, int) and 1 <= len(str(abs(v))) <= 4, v
+        else:
+            assert isinstance(v, str) and 0 < len(v) <= 40, v
+
+
+def test_json_replies_close_in_the_grammar_style_and_fit_their_schema():
+    items = V3.json_answers(random.Random(0), SHORT, EXCLUDE, n=400)
+    assert len(items) > 200  # the held-out Spain and harbor draws are dropped
+    for d in items:
+        reply = d["messages"][1]
+        obj = json.loads(reply)
+        _valid(d["schema"], obj)
+        # core.constraints.JSON_STYLE: ", " and ": ", no other whitespace: the grammar's own text
+        assert reply == json.dumps(obj, separators=(", ", ": "), ensure_ascii=False)
+        assert "\n" not in reply and len(reply) < 120
+    assert not any("Spain" in d["messages"][0] or "Madrid" in d["messages"][1] for d in items)
+    assert {tuple(d["schema"]["properties"]) for d in items} >= {("word", "letters"), ("country", "capital")}
+
+
+def test_json_replies_pass_the_engines_grammar():
+    """The reply, tokenised by the demo's tokenizer, goes through the engine's own constraint for
+    its schema (core.constraints, as webapp builds it for response_format) and ends it; the same
+    object written with other whitespace does not."""
+    pytest.importorskip("llguidance")
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from core.constraints import Constraint, GrammarError
+
+    tok = load_tokenizer(REPO / "models" / "demo")
+    for d in V3.json_answers(random.Random(1), SHORT, EXCLUDE, n=60)[:20]:
+        c = Constraint.for_json(tok, d["schema"], 8192)
+        c.advance(tok.encode(d["messages"][1], add_special_tokens=False))
+        assert c.complete, d["messages"][1]
+        bad = Constraint.for_json(tok, d["schema"], 8192)
+        with pytest.raises(GrammarError):
+            bad.advance(tok.encode(d["messages"][1].replace(": ", ":\n  "), add_special_tokens=False))
+
+
+def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
+    from conversations import Renderer, render_doc
+    from webapp.toolcalls import split_tool_calls
+
+    render = Renderer()
+    convs = V3.tool_conversations(random.Random(0), SHORT, ARITH, EXCLUDE, n=120)
+    assert len(convs) > 80  # the conversations of only held-out questions are dropped
+    names_seen, calls = set(), 0
+    for msgs, tools, thinking in convs:
+        offered = {t["function"]["name"]: t for t in tools}
+        assert 2 <= len(offered) <= 7
+        for i, m in enumerate(msgs):
+            for c in m.get("tool_calls") or []:
+                calls += 1
+                fn = c["function"]
+                assert fn["name"] in offered
+                params = offered[fn["name"]]["function"]["parameters"]["properties"]
+                assert set(json.loads(fn["arguments"])) <= set(params)
+                names_seen.add(fn["name"])
+                result, answer = msgs[i + 1]["content"], msgs[i + 2]["content"]
+                vals = [str(v) for v in json.loads(result).values()]
+                assert any(v in answer for v in vals[-1:]), (result, answer)  # the answer repeats the result
+        text, spans = render_doc(render, [dict(m) for m in msgs], tools, thinking)
+        for a, b in spans:
+            reply = text[a:b].split("</think>")[-1].replace("<|im_end|>", "")
+            if "<tool_call>" in reply:
+                _, parsed = split_tool_calls(reply)
+                assert parsed and all(p.name in offered for p in parsed)
+    assert calls > 60 and len(names_seen) > 30  # many names: the model must copy, not recall
+
+
+def test_held_out_questions_never_appear_in_topics_or_tools():
+    topics = V3.topic_conversations(random.Random(0), SHORT, EXCLUDE, n=200)
+    assert topics
+    for t in topics:
+        qs = t["messages"][0::2]
+        assert not (t["word"] == "harbor" and any(re.search(r"mean|define", x, re.I) for x in qs)), qs
+    for msgs, tools, _ in V3.tool_conversations(random.Random(2), SHORT, ARITH, EXCLUDE, n=200):
+        for m in msgs:
+            if m["role"] == "user":
+                assert not re.search(r"capital of Spain", m["content"]) and not re.search(r"(mean|define).*harbor", m["content"], re.I)
+
+
+def test_thoughts_are_short_and_name_the_subject():
+    for d in SHORT["v3_opposite"] + SHORT["v3_capital"]:
+        t = V3.thought(d)
+        assert len(t.split()) <= 10 and (d.get("word") or d.get("subject")) in t
+
+
+def test_the_tool_evaluation_offers_names_training_never_uses():
+    """eval_v3.py's dictionary names must be copied from the offered tools: none of them is a name
+    the v3 generator can make (every verb x noun form of everyday_v3._name, the calculator names)."""
+    import eval_v3
+
+    made = set(V3.CALC_NAMES)
+    for verbs, nouns in ((V3.DICT_VERBS, V3.DICT_NOUNS), (V3.CAP_VERBS, V3.CAP_NOUNS)):
+        for v in verbs:
+            for n in nouns:
+                made |= {f"{v}_{n}", f"{n}_{v}", n, f"{v}{n.capitalize()}"}
+    made |= {t[0] for t in V3.OTHER}
+    assert not set(eval_v3.EVAL_NAMES) & made
+    # and the generator does produce many of its own (seeded draws cover most forms)
+    rng = random.Random(0)
+    drawn = {V3.make_tool(rng, "dict")[0]["function"]["name"] for _ in range(2000)}
+    assert drawn <= made and len(drawn) > 100
