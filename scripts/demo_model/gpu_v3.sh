@@ -44,7 +44,7 @@ train)
   CONFIG=${CONFIG:-$S/configs/v3.json}
   [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
   log "data: $(python3 -c "import json; print(json.load(open('$W/data/data_info.json')))")"
-  # v2's losses and acceptance term (build_demo_model.COMMON), one phase: lr 2e-3 with a short
+  # v2's losses and acceptance term (build.py's COMMON), one phase: lr 2e-3 with a short
   # warm-up, the acceptance term from 40 % of the schedule ramped over 30 % to 0.4 (v2's E1 shape,
   # which kept the model following the question; 1.5 collapsed it), batch 16 windows of 4,096
   # (v2's F1 batch: twice E1's throughput on the reference kernels, which are launch-bound)

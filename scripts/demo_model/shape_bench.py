@@ -2,13 +2,13 @@
 
 For each candidate (configs/v3_candidates.json: hidden, layers, MLP width; Gated-DeltaNet and
 attention alternating as v2's `full_attention_interval` 2, heads of 64), a random-weight
-checkpoint in the demo's exact layout (scripts/make_tiny_checkpoint.py: mlx-lm trunk, 29-tensor
+checkpoint in the demo's exact layout (scripts/checkpoints/make_tiny_checkpoint.py: mlx-lm trunk, 29-tensor
 `optiq/mtp.safetensors` sidecar, post-norm hidden, tied embedding, vocab 8192) at the bits v3
 would ship, with models/demo's own tokenizer files (what ships: its size counts), then
 
   disk    every file of the folder (trunk, sidecar, tokenizer, configs), MiB
   speed   the engine's AR lane (core.AutoregressiveDecoder, T=0.6 / top_p 0.95 / top_k 20, as
-          scripts/bench.py's AR lane) on the 8 race prompts, 128 tokens, decode tok/s;
+          scripts/bench/bench.py's AR lane) on the 8 race prompts, 128 tokens, decode tok/s;
           rounds interleave every candidate with models/demo (v2, the paired reference), so that
           the other sessions' load on the 2 shared cores hits all alike; per candidate the median
           of its tok/s and of its per-round ratio to v2, and v2's own median
@@ -46,7 +46,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def make(out: Path, shape: dict, bits: int, mtp_bits: int, embed_bits=None, seed=0) -> Path:
     """A random-weight checkpoint of `shape` in the demo's layout, with the demo's tokenizer."""
-    from scripts.make_tiny_checkpoint import make_tiny_checkpoint
+    from scripts.checkpoints.make_tiny_checkpoint import make_tiny_checkpoint
 
     h, layers = shape["hidden"], shape["layers"]
     tc = text_config(h, layers, shape["inter"], interval=shape.get("interval", 2))
