@@ -4,7 +4,9 @@ bench.py (AR / MTP / mlx_lm lanes, paired), bench_race.py (the race vs the lanes
 bench_batch.py, bench_turns.py, bench_disk_cache.py, bench_constrained.py, bench_waterfall.py,
 bench_distributed.py, bench_http_latency.py, bench_checkouts.py (two checkouts against each other),
 family_bench.py (every family's tiny checkpoint), race_in_browser.py and idle_cpu.py (a real
-browser), api_conversation.py (a multi-turn chat through the HTTP API).
+browser), api_conversation.py (a multi-turn chat through the HTTP API), agent_session.py (an
+agent's session through /v1/messages: does each turn prefill only its new tokens, warm and after a
+restart).
 
 May import core, adapters, webapp, scripts.checkpoints and the tests' helpers (tests/_*.py: a
 benchmark serves the app the way the tests do); not scripts.gpu, scripts.demo_model or scripts.dev.
