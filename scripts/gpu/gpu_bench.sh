@@ -22,6 +22,9 @@
 #   base   the same at depth 2 with the kernels off (MTP_CHAT_GPU_KERNELS=0)
 #   demo   the bundled demo model (real acceptance), depth 2, T=0.6
 #   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
+#   agent  scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
+#          of tool calls and results of 200-2,000 tokens through /v1/messages, warm and with a restart
+#          before every turn: tokens prefilled per turn against its new tokens, time to first token
 #   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
 #          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
@@ -68,6 +71,8 @@ for stage in $STAGES; do
             --repeats 5 --json "$OUT/demo.json" ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
+    agent) run $PY scripts/bench/agent_session.py --model "$CKPT" --system-tokens 20000 \
+             --result-tokens 200 2000 800 1500 400 --json "$OUT/agent_9b.json" ;;
     moe|next)
       ck=$([ "$stage" = moe ] && echo "$CKPT_MOE" || echo "$CKPT_NEXT")
       shape=$([ "$stage" = moe ] && echo 35b-a3b || echo next-80b-a3b)
