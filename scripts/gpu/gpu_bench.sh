@@ -45,7 +45,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *agent* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
