@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     # path; on CUDA around the kernels), and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
-    # Continuous batching (webapp/batching.py, core/batch.py): requests decode together, each
+    # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
     # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps
     # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).

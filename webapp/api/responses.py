@@ -21,13 +21,13 @@ import time
 from collections import OrderedDict
 from typing import Any, AsyncIterator, List, Optional
 
-from .api_errors import ApiError, bad_request
-from .api_request import (ApiRequest, _bool, _integer, _string, check_fields, one_grammar, parse_messages,
+from .errors import ApiError, bad_request
+from .request import (ApiRequest, _bool, _integer, _string, check_fields, one_grammar, parse_messages,
                           parse_sampling, parse_tools)
-from .api_run import Ending, KeepAlive, Run, Whole
-from .api_structured import response_format
-from .api_text import join
-from .inputs import clean_text
+from .run import Ending, KeepAlive, Run, Whole
+from .structured import response_format
+from .text import join
+from ..serving.inputs import clean_text
 
 # Labels that change nothing here (Codex sends client_metadata with every turn).
 HINTS = {"client_metadata", "prompt_cache_retention"}

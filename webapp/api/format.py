@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from .api_text import Delta, join
+from .text import Delta, join
 from .toolcalls import ToolCall
 
 KEEPALIVE = b": keep-alive\n\n"

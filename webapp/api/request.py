@@ -1,7 +1,7 @@
 """OpenAI request bodies -> a validated :class:`ApiRequest`, or an :class:`ApiError` saying why not.
 
 JSON types are checked here; the sampler's ranges are checked in one place for the UI and
-the API (``webapp.params.parse_params``). A field this server does not know is refused
+the API (``webapp.serving.params.parse_params``). A field this server does not know is refused
 rather than silently ignored (it could change what the client expects), except a few that
 only label a request (``user``, ``metadata``, ...). Fields that exist in the protocol but
 that the engine cannot honour (``n > 1``, penalties, ``logit_bias``) are accepted only at
@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Tuple
 
-from .api_errors import ApiError, bad_request
-from .inputs import clean_text
-from .params import ParamError, RunParams, parse_params
+from .errors import ApiError, bad_request
+from ..serving.inputs import clean_text
+from ..serving.params import ParamError, RunParams, parse_params
 
 MAX_STOPS = 8
 MAX_STOP_CHARS = 512
@@ -61,7 +61,7 @@ class ApiRequest:
     enable_thinking: Optional[bool] = None
     prompt: Optional[str] = None                 # completions: the text to continue
     prompt_ids: Optional[List[int]] = None       # completions: or its token ids
-    grammar: object = None                       # structured output: a grammar, or a function of the tokenizer (api_structured)
+    grammar: object = None                       # structured output: a grammar, or a function of the tokenizer (api.structured)
     logprobs: Optional[int] = None               # log-probabilities with this many alternatives
     echo: bool = False                           # completions: the prompt's own logprobs too
     conversation: Optional[dict] = None          # Responses: store, previous_response_id, instructions
@@ -221,7 +221,7 @@ def _content(v: Any, i: int, role: str, budget=None):
     """A message's content: its text, or (when it holds pictures) a list of text and image blocks."""
     from core.images import Picture
 
-    from .api_images import Budget, picture
+    from .images import Budget, picture
 
     where = f"messages[{i}].content"
     if v is None:
@@ -272,7 +272,7 @@ def _tool_calls(v: Any, i: int) -> List[dict]:
 
 def parse_messages(v: Any, settings=None, pictures: bool = True) -> List[dict]:
     """Chat messages, checked; `pictures` False: the model has no vision tower (pictures refused)."""
-    from .api_images import Budget
+    from .images import Budget
 
     budget = Budget.of(settings, pictures)
     if not isinstance(v, list) or not v:
@@ -341,7 +341,7 @@ def function_tool(name: Any, description: Any, params: Any, i: int) -> dict:
 
 def forced_tool(choice: Any, tools: List[dict], required: str = "required") -> Optional[str]:
     """The grammar for tool_choice (None when the model may answer in text)."""
-    from .api_structured import tool_call_grammar
+    from .structured import tool_call_grammar
 
     if choice in (None, "auto"):
         return None
@@ -383,7 +383,7 @@ def parse_logprobs(body: dict) -> Optional[int]:
 
 
 def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int, pictures: bool = True) -> ApiRequest:
-    from .api_structured import response_format
+    from .structured import response_format
 
     req = parse_common(body, CHAT_FIELDS, settings, max_depth, max_tokens_default)
     req.messages = parse_messages(body.get("messages"), settings, pictures)

@@ -12,7 +12,7 @@ from typing import Any
 
 from core.images import ImageError, Picture, check_count, from_url
 
-from .api_errors import ApiError, bad_request
+from .errors import ApiError, bad_request
 
 
 @dataclass

@@ -19,13 +19,13 @@ import json
 import secrets
 from typing import Any, AsyncIterator, List, Optional
 
-from .api_errors import ApiError, bad_request
-from .api_images import anthropic_part
-from .api_request import (ApiRequest, _string, check_fields, forced_tool, function_tool, parse_messages,
+from .errors import ApiError, bad_request
+from .images import anthropic_part
+from .request import (ApiRequest, _string, check_fields, forced_tool, function_tool, parse_messages,
                           parse_sampling, parse_stops, _bool)
-from .api_run import Ending, KeepAlive, Run, Whole
-from .api_text import join
-from .inputs import clean_text
+from .run import Ending, KeepAlive, Run, Whole
+from .text import join
+from ..serving.inputs import clean_text
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -184,7 +184,7 @@ def parse_thinking(v: Any) -> Optional[bool]:
 
 def output_format(config: Any) -> Optional[str]:
     """``output_config.format`` ``{"type": "json_schema", "schema": {...}}``: structured output."""
-    from .api_structured import response_format
+    from .structured import response_format
 
     if config is None:
         return None
@@ -200,7 +200,7 @@ def output_format(config: Any) -> Optional[str]:
 
 def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_default: int,
                            count_only: bool = False, pictures: bool = True) -> ApiRequest:
-    from .api_request import one_grammar
+    from .request import one_grammar
 
     check_fields(body, FIELDS)           # count_tokens takes (and checks) what a message takes
     model = body.get("model")
@@ -232,7 +232,7 @@ def _event(name: str, data: dict) -> bytes:
 class MessageWriter:
     def __init__(self, model: str, prompt_tokens: int, clamped: bool = False):
         self.model, self.prompt_tokens = model, prompt_tokens
-        self.clamped = clamped          # max_tokens was lowered to the context's room (api_prompt)
+        self.clamped = clamped          # max_tokens was lowered to the context's room (api.prompt)
         self.id = "msg_" + secrets.token_hex(12)
 
     def _message(self, content: list, stop_reason, stop_sequence, use: dict) -> dict:

@@ -4,9 +4,9 @@ Anthropic Messages, OpenAI Responses.
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``,
 ``GET|HEAD /health``, and ``GET /metrics``
-(Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells what the
+(Prometheus text, webapp/serving/metrics.py) under the same rules as ``/v1``: it tells what the
 server decoded, which is as private as the API itself. Decodes go through ``host.stream`` like the UI's replies: the same model
-thread, the same prefix cache, one at a time (api_run.Run). Every refusal is a 4xx in the
+thread, the same prefix cache, one at a time (api.run.Run). Every refusal is a 4xx in the
 route's own error shape (OpenAI's, or Anthropic's on /v1/messages); a client that
 disconnects, a stop sequence or shutdown ends the decode within one cycle.
 """
@@ -20,18 +20,18 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .api_anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
-from .api_decode import Turns
-from .api_errors import ApiError, decode_failure, error_body, error_response
-from .api_format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
-from .api_prompt import chat_prompt, completion_prompt
-from .api_request import ApiRequest, loads, parse_chat, parse_completion
-from .api_responses import ResponseStore, ResponseWriter, parse_responses_request, too_long_refusal
-from .api_run import Ending, KeepAlive, Run, collect
-from .api_text import ReplyShaper
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .netinfo import hostname_of, is_loopback
-from .stops import StopRegistry
+from .anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
+from .decode import Turns
+from .errors import ApiError, decode_failure, error_body, error_response
+from .format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
+from .prompt import chat_prompt, completion_prompt
+from .request import ApiRequest, loads, parse_chat, parse_completion
+from .responses import ResponseStore, ResponseWriter, parse_responses_request, too_long_refusal
+from .run import Ending, KeepAlive, Run, collect
+from .text import ReplyShaper
+from ..serving.metrics import CONTENT_TYPE as METRICS_TYPE
+from ..netinfo import hostname_of, is_loopback
+from ..serving.stops import StopRegistry
 
 MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)
 KEEPALIVE_SECONDS = 5.0

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..serving.ar_reference import SHORT_REPLY_TOKENS
+
 # origin -> (css class, background, legend label)
 ORIGINS: Dict[str, Tuple[str, str, str]] = {
     "draft": ("tok-draft", "rgba(34,197,94,0.32)", "accepted draft (MTP guess, verified free)"),
@@ -19,10 +21,6 @@ ORIGINS: Dict[str, Tuple[str, str, str]] = {
     "target": ("tok-target", "transparent", "target-sampled"),
 }
 LANE_COLORS = {"ar": "#64748b", "mtp": "#16a34a"}
-# Under this many tokens a reply's speed is mostly its first cycle and which few drafts happened
-# to be accepted: single races on the demo's 14-40-token replies ranged 0.77-1.41x on prompts
-# whose paired benchmark said 1.13x. The race and the chat say so instead of showing a result.
-SHORT_REPLY_TOKENS = 32
 
 CSS = """
 #chatbot [role=log] { padding-top: 30px; }   /* keep the first message clear of the corner buttons */
@@ -327,8 +325,8 @@ THINKING_TITLE = "💭 Thinking"
 
 def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1, batched_with: int = 0) -> Tuple[str, str]:
     """(title, details markdown) for a chat reply's stats message. `reference`: the AR speed at
-    this reply's sampler, prompt length and reply length (webapp.ar_reference.Reference) or None;
-    `batched_with`: the most other requests it decoded together with (webapp/batching.py)."""
+    this reply's sampler, prompt length and reply length (webapp.serving.ar_reference.Reference) or None;
+    `batched_with`: the most other requests it decoded together with (webapp/serving/batching.py)."""
     tps = stats.get("tokens_per_second", 0.0) or 0.0
     n = stats.get("generated_tokens", 0) or 0
     short = 0 < n < SHORT_REPLY_TOKENS
