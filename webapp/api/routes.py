@@ -20,13 +20,17 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
+from .anthropic import MessageWriter, anthropic_error, context_refusal, count_body
+from .anthropic_request import parse_messages_request
 from .decode import Turns
 from .errors import ApiError, decode_failure, error_body, error_response
 from .format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
 from .prompt import chat_prompt, completion_prompt
-from .request import ApiRequest, loads, parse_chat, parse_completion
-from .responses import ResponseStore, ResponseWriter, parse_responses_request, too_long_refusal
+from .openai_request import parse_chat, parse_completion
+from .request import ApiRequest, loads
+from .responses import ResponseWriter, too_long_refusal
+from .responses_request import parse_responses_request
+from .responses_store import ResponseStore
 from .run import Ending, KeepAlive, Run, collect
 from .text import ReplyShaper
 from ..serving.metrics import CONTENT_TYPE as METRICS_TYPE
