@@ -32,6 +32,7 @@ MAX_STOPS = 8                   # stop sequences in one request
 MAX_STOP_CHARS = 512            # characters of one stop sequence
 MAX_TOOLS = 128                 # tools offered in one request
 MAX_MESSAGES = 4096             # messages in one request (a 413 past it)
+MAX_BODY_BYTES = 4 * 1024 * 1024  # an API request's body, pictures aside (a chat's text limit is the context's)
 MAX_LOGPROBS = 20               # alternatives per token (OpenAI's top_logprobs bound)
 IMAGE_MAX_BYTES = 20_000_000    # default bytes of one picture (--image-max-bytes)
 IMAGE_MAX_COUNT = 4             # default pictures in one request (--image-max-count)

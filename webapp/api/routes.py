@@ -20,24 +20,25 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from core.limits import MAX_BODY_BYTES
+
+from ..netinfo import hostname_of, is_loopback
+from ..serving.metrics import CONTENT_TYPE as METRICS_TYPE
+from ..serving.stops import StopRegistry
 from .anthropic import MessageWriter, anthropic_error, context_refusal, count_body
 from .anthropic_request import parse_messages_request
 from .decode import Turns
 from .errors import ApiError, decode_failure, error_body, error_response
 from .format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
-from .prompt import chat_prompt, completion_prompt
 from .openai_request import parse_chat, parse_completion
+from .prompt import chat_prompt, completion_prompt
 from .request import ApiRequest, loads
 from .responses import ResponseWriter, too_long_refusal
 from .responses_request import parse_responses_request
 from .responses_store import ResponseStore
 from .run import Ending, KeepAlive, Run, collect
 from .text import ReplyShaper
-from ..serving.metrics import CONTENT_TYPE as METRICS_TYPE
-from ..netinfo import hostname_of, is_loopback
-from ..serving.stops import StopRegistry
 
-MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)
 KEEPALIVE_SECONDS = 5.0
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET",
           "/v1/messages": "POST", "/v1/messages/count_tokens": "POST", "/v1/responses": "POST"}
@@ -51,7 +52,7 @@ class ApiConfig:
     api_key: Optional[str] = None
     off_reason: str = ""
     keepalive: float = KEEPALIVE_SECONDS
-    max_body: int = MAX_BODY
+    max_body: int = MAX_BODY_BYTES               # the pictures a request may carry are added (server.py)
     body_note: str = ""                     # what the 413 adds (the pictures a request may carry)
     cors_origins: Tuple[str, ...] = ()      # web origins whose pages may call the API (--cors-origins)
     response_store: int = 256               # /v1/responses kept for previous_response_id (LRU)
