@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import AsyncIterator, List
+from typing import AsyncIterator, List, Optional
 
 from .errors import ApiError
+from .format import Mtp, Shape
 from .run import Ending, KeepAlive, Run, Whole
 from .text import join
 
@@ -45,10 +46,30 @@ def count_body(tokens: int) -> dict:
 
 
 # --- replies -------------------------------------------------------------------------------
+class Usage(Shape):
+    input_tokens: int                  # not read from the prefix cache
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int = 0
+
+
+class Message(Shape):
+    """A whole reply (and, empty, the start of a streamed one)."""
+    id: str
+    type: str = "message"
+    role: str = "assistant"
+    model: str
+    content: List[dict]                # thinking, text and tool_use blocks
+    stop_reason: Optional[str]
+    stop_sequence: Optional[str]
+    usage: Usage
+    mtp: Optional[Mtp] = None          # this server's extension (format.Mtp)
+
+
 def _usage(use: dict) -> dict:
     cached = use["prompt_tokens_details"]["cached_tokens"]
-    return {"input_tokens": use["prompt_tokens"] - cached, "output_tokens": use["completion_tokens"],
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    return Usage(input_tokens=use["prompt_tokens"] - cached, output_tokens=use["completion_tokens"],
+                 cache_read_input_tokens=cached, cache_creation_input_tokens=0).out()
 
 
 def _event(name: str, data: dict) -> bytes:
@@ -61,9 +82,9 @@ class MessageWriter:
         self.clamped = clamped          # max_tokens was lowered to the context's room (api.prompt)
         self.id = "msg_" + secrets.token_hex(12)
 
-    def _message(self, content: list, stop_reason, stop_sequence, use: dict) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": use}
+    def _message(self, content: list, stop_reason, stop_sequence, use: dict, **mtp) -> dict:
+        return Message(id=self.id, type="message", role="assistant", model=self.model, content=content,
+                       stop_reason=stop_reason, stop_sequence=stop_sequence, usage=use, **mtp).out()
 
     def stop_reason(self, e: Ending) -> str:
         if e.stop_sequence and not e.calls:
@@ -82,8 +103,8 @@ class MessageWriter:
         content, reasoning = join(w.deltas)
         blocks = ([{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []) \
             + ([{"type": "text", "text": content}] if content or not (e.calls or reasoning) else []) + self.tool_uses(e)
-        return {**self._message(blocks, self.stop_reason(e), e.stop_sequence if not e.calls else None,
-                                _usage(e.usage)), "mtp": e.mtp}
+        return self._message(blocks, self.stop_reason(e), e.stop_sequence if not e.calls else None,
+                             _usage(e.usage), mtp=e.mtp)
 
     async def stream(self, run: Run, keepalive: float) -> AsyncIterator[bytes]:
         start_use = {"input_tokens": self.prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": 0,

@@ -37,7 +37,8 @@ def finish_reason(engine_reason: Optional[str], stop_sequence: bool, calls: Sequ
 
 
 class Shape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A reply object: dumped with the fields it was given (set or assigned), nothing else."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     def out(self) -> dict:
         return self.model_dump(exclude_unset=True)

@@ -13,6 +13,7 @@ import time
 from typing import AsyncIterator, List, Optional
 
 from .errors import ApiError
+from .format import Mtp, Shape
 from .request import ApiRequest
 from .responses_request import NS
 from .responses_store import ResponseStore
@@ -37,6 +38,40 @@ def split_name(name: str, tools: Optional[List[dict]]) -> dict:
 
 
 # --- replies ---------------------------------------------------------------------------------
+class Usage(Shape):
+    input_tokens: int
+    input_tokens_details: dict             # cached_tokens: read from the prefix cache
+    output_tokens: int
+    output_tokens_details: dict
+    total_tokens: int
+
+
+class Response(Shape):
+    """The response object: whole, or as the stream's created / in_progress / completed events carry it."""
+    id: str
+    object: str = "response"
+    created_at: int
+    status: str                            # in_progress | completed | incomplete
+    model: str
+    output: List[dict]                     # reasoning, message and function_call items
+    error: Optional[dict] = None
+    incomplete_details: Optional[dict] = None
+    instructions: Optional[str] = None
+    max_output_tokens: int
+    metadata: dict = {}
+    parallel_tool_calls: bool = False
+    previous_response_id: Optional[str] = None
+    temperature: float
+    top_p: float
+    tool_choice: str
+    tools: List[dict]
+    text: dict
+    truncation: str = "disabled"
+    store: bool
+    usage: Optional[Usage] = None          # once the reply has ended
+    mtp: Optional[Mtp] = None              # this server's extension (format.Mtp)
+
+
 def _item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
@@ -53,26 +88,25 @@ class ResponseWriter:
     def response(self, output: List[dict], status: str, use: Optional[dict] = None, mtp: Optional[dict] = None,
                  incomplete: bool = False) -> dict:
         req = self.req
-        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-               "model": self.model, "output": output, "error": None,
-               "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-               "instructions": req.conversation["instructions"],
-               "max_output_tokens": req.params.max_tokens, "metadata": {}, "parallel_tool_calls": False,
-               "previous_response_id": req.conversation["previous_response_id"], "temperature": req.params.temperature, "top_p": req.params.top_p,
-               "tool_choice": "required" if req.grammar and req.tools else "auto",
-               "tools": [{"type": "function", "name": t["function"]["name"],
-                          "description": t["function"].get("description"),
-                          "parameters": t["function"]["parameters"], "strict": False} for t in req.tools or []],
-               "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": self.keep}
+        out = Response(
+            id=self.id, object="response", created_at=self.created, status=status, model=self.model, output=output,
+            error=None, incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+            instructions=req.conversation["instructions"], max_output_tokens=req.params.max_tokens, metadata={},
+            parallel_tool_calls=False, previous_response_id=req.conversation["previous_response_id"],
+            temperature=req.params.temperature, top_p=req.params.top_p,
+            tool_choice="required" if req.grammar and req.tools else "auto",
+            tools=[{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description"),
+                    "parameters": t["function"]["parameters"], "strict": False} for t in req.tools or []],
+            text={"format": {"type": "text"}}, truncation="disabled", store=self.keep)
         if use is not None:
             cached = use["prompt_tokens_details"]["cached_tokens"]
-            out["usage"] = {"input_tokens": use["prompt_tokens"],
-                            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-                            "output_tokens": use["completion_tokens"],
-                            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": use["total_tokens"]}
+            out.usage = Usage(input_tokens=use["prompt_tokens"],
+                              input_tokens_details={"cached_tokens": cached, "cache_write_tokens": 0},
+                              output_tokens=use["completion_tokens"], output_tokens_details={"reasoning_tokens": 0},
+                              total_tokens=use["total_tokens"])
         if mtp is not None:
-            out["mtp"] = mtp
-        return out
+            out.mtp = mtp
+        return out.out()
 
     def items(self, deltas, ending: Ending) -> List[dict]:
         content, reasoning = join(deltas)
