@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
-from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, ValidationInfo, model_validator
 from typing_extensions import Annotated
 
 from core.limits import MAX_LOGPROBS
@@ -49,6 +49,15 @@ def _template_kwargs(v: Any) -> Optional[dict]:
     return v
 
 
+def _alternatives(key: str, hint: str = "") -> AfterValidator:
+    """How many alternatives per token a client may ask for: 0..MAX_LOGPROBS."""
+    def check(top: Optional[int]) -> Optional[int]:
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise fail(f"'{key}' must be 0..{MAX_LOGPROBS}{hint}, got {top}.", key)
+        return top
+    return AfterValidator(check)
+
+
 class OpenAIBody(Sampled):
     """The fields chat and legacy completions share."""
     max_tokens: Whole = None
@@ -73,14 +82,7 @@ class ChatRequest(OpenAIBody):
     enable_thinking: Flag = None
     chat_template_kwargs: Annotated[Optional[dict], BeforeValidator(_template_kwargs)] = None
     logprobs: Flag = None
-    top_logprobs: Whole = None
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _alternatives(cls, top: Optional[int]) -> Optional[int]:
-        if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise fail(f"'top_logprobs' must be 0..{MAX_LOGPROBS}, got {top}.")
-        return top
+    top_logprobs: Annotated[Whole, _alternatives("top_logprobs")] = None
 
     @model_validator(mode="after")
     def _alternatives_need_logprobs(self):
@@ -96,15 +98,8 @@ class ChatRequest(OpenAIBody):
 
 class CompletionRequest(OpenAIBody):
     prompt: Any = None
-    logprobs: Whole = None                     # here: how many alternatives per token
+    logprobs: Annotated[Whole, _alternatives("logprobs", " (how many alternatives per token)")] = None
     echo: Flag = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _alternatives(cls, top: Optional[int]) -> Optional[int]:
-        if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise fail(f"'logprobs' must be 0..{MAX_LOGPROBS} (how many alternatives per token), got {top}.")
-        return top
 
 
 def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int, pictures: bool = True) -> ApiRequest:
