@@ -274,6 +274,15 @@ def _nice_step(span: float, n: int = 5) -> float:
     return 10 * mag
 
 
+def _ticks(step: float, end: float) -> List[float]:
+    """0, step, 2*step, ... up to `end` (which the axis rounded up to a whole step)."""
+    out, k = [], 0
+    while k * step <= end + 1e-9:
+        out.append(k * step)
+        k += 1
+    return out
+
+
 def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
               width: int = 640, height: int = 260) -> str:
     """Tokens over own-clock seconds, one step line per lane: [(label, colour, points)]."""
@@ -292,18 +301,14 @@ def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
 
     parts = [f'<svg viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" role="img" '
              f'aria-label="tokens over own-clock time" font-size="11" fill="currentColor">']
-    k = 0
-    while k * ys <= ymax + 1e-9:
-        y = Y(k * ys)
+    for v in _ticks(ys, ymax):
+        y = Y(v)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="currentColor" stroke-opacity="0.12"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{k * ys:g}</text>')
-        k += 1
-    k = 0
-    while k * xs <= xmax + 1e-9:
-        x = X(k * xs)
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+    for v in _ticks(xs, xmax):
+        x = X(v)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="currentColor" stroke-opacity="0.12"/>'
-                     f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{k * xs:g}</text>')
-        k += 1
+                     f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{v:g}</text>')
     parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle">own compute time (s)</text>'
                  f'<text x="12" y="{top + ph / 2:.1f}" text-anchor="middle" transform="rotate(-90 12 {top + ph / 2:.1f})">tokens</text>')
     for i, (label, colour, pts) in enumerate(series):
