@@ -3,8 +3,8 @@
 By job: ui/ (the Gradio page), api/ (the OpenAI, Responses and Anthropic HTTP APIs), serving/
 (the model host and its one model thread, under both). At the top: the command (cli.py,
 __main__.py, attach_head.py), the server that mounts the page and the API on one port
-(server.py: the composition root, the one module that imports both ui and api), and netinfo.py
-(host and address checks, a leaf any package may import).
+(server.py), and netinfo.py (host and address checks, a leaf any package may import). cli.py
+and server.py are the composition root: the only modules that import both ui and api.
 
 Arrows point down only: server/cli -> {ui, api} -> serving -> {core, adapters} -> mlx.
 """

@@ -17,8 +17,8 @@ from ..serving.model import ModelHost
 from ..serving.params import ParamError, parse_params
 from .pictures import read as read_picture
 from .refusals import refusal
-from .render import (LANE_COLORS, SHORT_REPLY_TOKENS, LaneView, chart_svg, empty_lane_html, lane_html, median,
-                     race_stats_html)
+from .render import LANE_COLORS, LaneView, chart_svg, empty_lane_html, lane_html, median, race_stats_html
+from ..serving.ar_reference import SHORT_REPLY_TOKENS
 from ..serving.scheduler import Snapshot, TimedLane, run_fair
 from ..serving.stops import StopRegistry
 
