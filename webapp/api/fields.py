@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, Va
 from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
-from core.limits import MAX_STOP_CHARS, MAX_STOPS
+from core.limits import MAX_DEPTH, MAX_STOP_CHARS, MAX_STOPS
 
 from ..serving.inputs import clean_text
 from .errors import ApiError, bad_request
@@ -92,7 +92,7 @@ def text(v: Any, what: str, param: str) -> str:
     return clean_text(v)
 
 
-def _mode(v: Any, key: str) -> str:
+def _mode(v: Any) -> str:
     if v not in MODES:
         raise fail("'mode' must be \"mtp\" (speculative) or \"ar\" (plain decoding).")
     return v
@@ -100,12 +100,13 @@ def _mode(v: Any, key: str) -> str:
 
 def _depth(v: Any, info: ValidationInfo) -> Any:
     if v is not None and not (isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))):
-        raise fail(f"'depth' must be 1..{(info.context or {}).get('max_depth', 8)} or \"auto\".")
+        raise fail(f"'depth' must be 1..{(info.context or {}).get('max_depth', MAX_DEPTH)} or \"auto\".")
     return v
 
 
-def stops(v: Any, key: str, param: str = "stop") -> Tuple[str, ...]:
-    """A stop string or a list of them, each 1..MAX_STOP_CHARS characters."""
+def stops(v: Any, param: str = "stop") -> Tuple[str, ...]:
+    """A stop string or a list of them, each 1..MAX_STOP_CHARS characters (Anthropic's
+    stop_sequences too, named "stop" in errors as before)."""
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or len(items) > MAX_STOPS:
         raise fail(f"'stop' must be a string or a list of at most {MAX_STOPS} strings.", param)
@@ -131,9 +132,9 @@ Number = Annotated[Optional[float], _checked(number)]
 Whole = Annotated[Optional[int], _checked(whole)]
 Flag = Annotated[Optional[bool], _checked(flag)]
 Text = Annotated[Optional[str], _checked(string)]
-Mode = Annotated[str, BeforeValidator(lambda v, info: _mode(v, info.field_name))]
+Mode = Annotated[str, BeforeValidator(_mode)]
 Depth = Annotated[Any, BeforeValidator(_depth)]
-Stops = Annotated[Tuple[str, ...], BeforeValidator(lambda v, info: () if v is None else stops(v, info.field_name))]
+Stops = Annotated[Tuple[str, ...], BeforeValidator(lambda v: () if v is None else stops(v))]
 Neutral = Annotated[Any, BeforeValidator(_neutral)]
 
 
