@@ -4,7 +4,7 @@
 On one loaded model, warm, for every prompt and repeat r (seed r, the seeds scripts/bench.py
 gives its repeats), three ways of decoding the same two streams (the same seed gives the same
 tokens in all three):
-  race    the Race tab's own code path, headless: webapp.ui.race.RaceHandlers.race (one race,
+  race    the Race tab's own code path, headless: webapp.race.RaceHandlers.race (one race,
           the app's update interval), both lanes from the prefix cache's prompt state;
   alone   each lane's stream run by itself through the same worker, scheduler and clock;
   bench   scripts/bench.py's paired runs (its run_ours: core decoders on the model thread, no
