@@ -4,7 +4,7 @@ A measurement prefills one chat prompt at the context bucket, times verifies of 
 one MTP step on it (the parts), then times whole cycles through the lanes' own loops. That is
 ~7.6 s on the demo model at a 64-token bucket on this CPU: done inside a request it stalled
 everyone behind it. So the measurement is a generator of short slices (`calibration`): a caller
-that owns the model thread runs one slice at a time when nothing else is waiting (webapp/model.py
+that owns the model thread runs one slice at a time when nothing else is waiting (webapp/serving/model.py
 does), or all of them at once (`measure_costs`, for warm-up, benchmarks and tests). Each slice is
 one prefill, one timing or one lane's run of cycles: ~0.1-0.7 s on the demo model.
 

@@ -19,6 +19,24 @@ from .stream import Prompt
 # message to a 4k-token model before tokenising it.
 CHARS_PER_TOKEN = 8
 
+# --- what one request may ask for -------------------------------------------------------------
+# Defined here once: the settings' bounds (core/settings.py), the sampler's own check
+# (core/sampling.py), the page's panel (webapp/serving/params.py, webapp/ui/) and the API's
+# request models (webapp/api/) read them.
+MAX_TEMPERATURE = 5.0           # the app's; past it replies are noise
+SAMPLER_MAX_TEMPERATURE = 100.0  # the engine's own sanity bound (benchmarks may go past the app's)
+MAX_TOKENS = 32768              # one reply
+MAX_SEED = 2**64 - 1            # the PRNG key takes any unsigned 64-bit seed (mx.random.key)
+MAX_DEPTH = 8                   # draft depth a server may be started with (--max-depth)
+MAX_STOPS = 8                   # stop sequences in one request
+MAX_STOP_CHARS = 512            # characters of one stop sequence
+MAX_TOOLS = 128                 # tools offered in one request
+MAX_MESSAGES = 4096             # messages in one request (a 413 past it)
+MAX_BODY_BYTES = 4 * 1024 * 1024  # an API request's body, pictures aside (a chat's text limit is the context's)
+MAX_LOGPROBS = 20               # alternatives per token (OpenAI's top_logprobs bound)
+IMAGE_MAX_BYTES = 20_000_000    # default bytes of one picture (--image-max-bytes)
+IMAGE_MAX_COUNT = 4             # default pictures in one request (--image-max-count)
+
 
 class ContextError(ValueError):
     """The request does not fit the model's context; the message says how to fix it.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .limits import SAMPLER_MAX_TEMPERATURE
 from .settings import Settings
 
 _DEFAULT = {name: field.default for name, field in Settings.model_fields.items()}
@@ -33,8 +34,8 @@ class SamplerConfig:
 
     def __post_init__(self):
         checks = [
-            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and 0 <= self.temperature <= 100,
-             f"temperature must be a number in [0, 100] (0 = greedy), got {self.temperature!r}"),
+            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and 0 <= self.temperature <= SAMPLER_MAX_TEMPERATURE,
+             f"temperature must be a number in [0, {SAMPLER_MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature!r}"),
             (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
              f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}"),
             (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,

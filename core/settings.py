@@ -10,6 +10,8 @@ from typing import Literal, Optional, Union
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .limits import IMAGE_MAX_BYTES, IMAGE_MAX_COUNT, MAX_DEPTH, MAX_TEMPERATURE, MAX_TOKENS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
@@ -21,14 +23,14 @@ class Settings(BaseSettings):
     # A drafter kept as its own checkpoint (Gemma 4's '-assistant'); None: the family's default place.
     drafter: Optional[Path] = None
     # Sampler defaults: the Qwythos published setting.
-    temperature: float = Field(0.6, ge=0.0, le=5.0)
+    temperature: float = Field(0.6, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     top_k: int = Field(20, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
-    max_tokens: int = Field(256, ge=1, le=32768)
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
     seed: int = 0
     depth: Union[int, Literal["auto"]] = 2  # measured best on the demo model at T=0.6 and T=0 (README, "Measured numbers")
-    max_depth: int = Field(4, ge=1, le=8)
+    max_depth: int = Field(4, ge=1, le=MAX_DEPTH)
     # Overrides the checkpoint's MTP hidden-state variant (None: from config / family default).
     hidden_variant: Optional[Literal["pre_norm", "post_norm"]] = None
     host: str = "127.0.0.1"
@@ -62,7 +64,7 @@ class Settings(BaseSettings):
     # path; on CUDA around the kernels), and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
-    # Continuous batching (webapp/batching.py, core/batch.py): requests decode together, each
+    # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
     # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps
     # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).
@@ -79,8 +81,8 @@ class Settings(BaseSettings):
     # processor's way: multiples of 32 px, aspect kept; 1,003,520 is ~1,000 image tokens, ~1,000x1,000
     # px), pictures per request, and the bytes of one picture as sent.
     image_max_pixels: int = Field(1_003_520, ge=1024)
-    image_max_count: int = Field(4, ge=0, le=64)
-    image_max_bytes: int = Field(20_000_000, ge=1024)
+    image_max_count: int = Field(IMAGE_MAX_COUNT, ge=0, le=64)
+    image_max_bytes: int = Field(IMAGE_MAX_BYTES, ge=1024)
 
     @field_validator("depth", mode="before")
     @classmethod

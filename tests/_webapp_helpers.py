@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def make_host(model_dir: Path, **overrides):
     from core.settings import get_settings
-    from webapp.model import ModelHost
+    from webapp.serving.model import ModelHost
 
     settings = get_settings(model=model_dir, **overrides)
     return ModelHost.load(model_dir, settings, log=lambda m: None)
@@ -51,7 +51,8 @@ def make_host(model_dir: Path, **overrides):
 def served(host, auth=None, api_key=None, **kw):
     """Serve the real app (UI and API on one port, webapp/server.py) on a free port of
     127.0.0.1; yields (its URL, the Blocks). ``demo.running`` is the running server."""
-    from webapp.app import build_app, launch
+    from webapp.server import launch
+    from webapp.ui.page import build_app
 
     demo = build_app(host, runtime="test runtime")
     running = launch(demo, host, host="127.0.0.1", port=0, auth=auth, api_key=api_key, **kw)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests._webapp_helpers import make_host, served
-from webapp.api_anthropic import TYPES
+from webapp.api.anthropic import TYPES
 
 httpx = pytest.importorskip("httpx")
 

@@ -8,11 +8,12 @@ import random
 import pytest
 
 from core.settings import get_settings
-from webapp.api_errors import ApiError
-from webapp.api_request import loads, parse_chat, parse_completion
-from webapp.api_text import ReplyShaper, StopScanner, join
+from webapp.api.errors import ApiError
+from webapp.api.openai_request import parse_chat, parse_completion
+from webapp.api.request import loads
+from webapp.api.text import ReplyShaper, StopScanner, join
 from webapp.server import LoginThrottle, api_policy
-from webapp.toolcalls import ToolCallStream, parse_call, split_tool_calls
+from webapp.api.toolcalls import ToolCallStream, parse_call, split_tool_calls
 
 SETTINGS = get_settings()
 

@@ -1,4 +1,4 @@
-"""Continuous batching through the real server and the official openai client (webapp/batching.py):
+"""Continuous batching through the real server and the official openai client (webapp/serving/batching.py):
 concurrent greedy requests, decoded together, answer exactly what each answers alone (wherever
 the reply meets no near-tie: a batch's rows agree with a lone sequence's to rounding,
 tests/_ties.py); a client that goes away mid-stream leaves the batch without disturbing the others."""
@@ -95,8 +95,8 @@ def test_chat_replies_say_they_are_batched_and_metrics_count_the_batch(host, cli
     (vLLM's gauge names) and 0 once it is done."""
     import httpx
 
-    from webapp.chat import ChatHandlers, is_stats
-    from webapp.stops import StopRegistry
+    from webapp.ui.chat import ChatHandlers, is_stats
+    from webapp.serving.stops import StopRegistry
 
     chat = ChatHandlers(host, StopRegistry(), update_interval=0.0)
     greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="2")

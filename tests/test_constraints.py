@@ -163,7 +163,7 @@ def test_a_schema_that_cannot_compile_says_why(demo, schema, why):
 def test_a_forced_tool_call_uses_the_tag_token_the_model_writes(tiny_checkpoint):
     """Qwen's <tool_call> is one added token; llguidance treats added tokens as special, so the
     grammar names that token (core.constraints.lark_text) instead of spelling the tag out."""
-    from webapp.api_structured import tool_call_grammar
+    from webapp.api.structured import tool_call_grammar
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for template, single in (("qwen3_5", True), ("chatml", False)):

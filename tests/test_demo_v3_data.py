@@ -83,7 +83,7 @@ def test_json_replies_pass_the_engines_grammar():
 
 def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
     from conversations import Renderer, render_doc
-    from webapp.toolcalls import split_tool_calls
+    from webapp.api.toolcalls import split_tool_calls
 
     render = Renderer()
     convs = V3.tool_conversations(random.Random(0), SHORT, ARITH, EXCLUDE, n=120)

@@ -331,8 +331,8 @@ def test_gemma4s_thought_channel_is_reasoning(tiny_checkpoint):
     markers from the template, and the API's shaper and the chat's reply split on them."""
     from core import THOUGHT_CHANNEL, split_reply
     from tests._webapp_helpers import make_host
-    from webapp.api_text import ReplyShaper, join
-    from webapp.chat import Reply
+    from webapp.api.text import ReplyShaper, join
+    from webapp.ui.chat import Reply
 
     host = make_host(pair(tiny_checkpoint, "small", template="gemma4"))
     assert host.has_thinking and host.reasoning == THOUGHT_CHANNEL

@@ -13,11 +13,11 @@ import gradio_client
 import pytest
 
 from tests._webapp_helpers import Req, make_host, served
-from webapp.chat import ChatHandlers, is_stats, text_of
-from webapp.inputs import clean_text
-from webapp.literal import shown, typed
-from webapp.race import RaceHandlers
-from webapp.stops import StopRegistry
+from webapp.ui.chat import ChatHandlers, is_stats, text_of
+from webapp.serving.inputs import clean_text
+from webapp.ui.literal import shown, typed
+from webapp.ui.race import RaceHandlers
+from webapp.serving.stops import StopRegistry
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="1")
 GREEDY_ARGS = ("mtp", "", 0.0, 1.0, 0, 0.0, 8, 0, "1")   # /respond after the history

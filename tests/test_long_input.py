@@ -64,7 +64,7 @@ def test_stop_during_a_3000_token_prefill_frees_the_model_within_one_chunk(serve
 
 def test_a_huge_message_is_refused_at_once_and_loses_nothing(served_app):
     url, host, _ = served_app
-    from webapp.app import build_app  # noqa: F401  (the same app the fixture serves)
+    from webapp.ui.page import build_app  # noqa: F401  (the same app the fixture serves)
 
     c = gradio_client.Client(url, verbose=False, download_files=False)
     renders = []

@@ -1,8 +1,8 @@
-"""webapp.metrics on its own: counters from GenerationStats, parsed back by prometheus_client."""
+"""webapp.serving.metrics on its own: counters from GenerationStats, parsed back by prometheus_client."""
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import GenerationStats
-from webapp.metrics import Metrics
+from webapp.serving.metrics import Metrics
 
 
 def samples(m: Metrics) -> dict:

@@ -3,7 +3,7 @@
 On a server started without warm-up, the first `depth: "auto"` request used to measure the cost
 model inside itself (~7.6 s on the demo model) while everyone else waited. Now it decodes with
 the unmeasured policy and the model thread measures in short slices when idle
-(webapp/calibration.py, webapp/worker.py): counted here as slices, not clocked.
+(webapp/serving/calibration.py, webapp/serving/worker.py): counted here as slices, not clocked.
 """
 from __future__ import annotations
 
@@ -81,6 +81,6 @@ def test_a_saved_measurement_is_reused_at_the_next_start(host, tiny_checkpoint, 
 
 
 def _params(host):
-    from webapp.params import parse_params
+    from webapp.serving.params import parse_params
 
     return parse_params(0.0, 1.0, 0, 0.0, 8, 0, "auto", max_depth=host.max_depth)

@@ -12,13 +12,13 @@ from core import AutoregressiveDecoder, PrefixCache, SamplerConfig, SpeculativeD
 from core.stream import cache_prompt
 from tests._engine_helpers import MIXED, make_mixed_head
 from tests._webapp_helpers import LONG_PROMPT, make_host
-from webapp.chat import ChatHandlers
-from webapp.race import DEFAULT_REPEATS, RaceHandlers
-from webapp.scheduler import TimedLane, run_fair
-from webapp.stops import StopRegistry
-from webapp.ar_reference import ArReferences, Reference
-from webapp.params import parse_params
-from webapp.render import LaneView, race_stats_html, reply_stats
+from webapp.ui.chat import ChatHandlers
+from webapp.ui.race import DEFAULT_REPEATS, RaceHandlers
+from webapp.serving.scheduler import TimedLane, run_fair
+from webapp.serving.stops import StopRegistry
+from webapp.serving.ar_reference import ArReferences, Reference
+from webapp.serving.params import parse_params
+from webapp.ui.render import LaneView, race_stats_html, reply_stats
 
 SAMPLED = SamplerConfig(temperature=0.8, top_p=0.95, top_k=20)
 

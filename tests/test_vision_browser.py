@@ -8,7 +8,7 @@ import re
 
 from tests._pictures import VL, png
 from tests._webapp_helpers import make_host, needs_chromium, screenshot_dir, served
-from webapp.app import HISTORY_KEY
+from webapp.ui.page import HISTORY_KEY
 
 needs_chromium()
 

@@ -10,10 +10,10 @@ import pytest
 
 from tests._pictures import VL, png
 from tests._webapp_helpers import make_host
-from webapp.chat import ChatHandlers, clean_history, prompt_messages
-from webapp.pictures import upload_folder
-from webapp.race import RaceHandlers
-from webapp.stops import StopRegistry
+from webapp.ui.chat import ChatHandlers, clean_history, prompt_messages
+from webapp.ui.pictures import upload_folder
+from webapp.ui.race import RaceHandlers
+from webapp.serving.stops import StopRegistry
 
 SAMPLER = (0.0, 1.0, 0, 0.0, 8, 0, "2")   # temperature, top_p, top_k, min_p, max tokens, seed, depth
 

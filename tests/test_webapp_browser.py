@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
-from webapp.app import HISTORY_KEY
+from webapp.ui.page import HISTORY_KEY
 
 needs_chromium()
 

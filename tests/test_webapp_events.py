@@ -9,9 +9,9 @@ import pytest
 
 from tests._ties import tie_free
 from tests._webapp_helpers import LONG_PROMPT, Req, make_host
-from webapp.chat import ChatHandlers, is_stats, text_of
-from webapp.race import RaceHandlers
-from webapp.stops import StopRegistry
+from webapp.ui.chat import ChatHandlers, is_stats, text_of
+from webapp.ui.race import RaceHandlers
+from webapp.serving.stops import StopRegistry
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, depth="1")
 

@@ -155,7 +155,7 @@ def test_cli_refuses_bad_input_clearly(tmp_path):
 
 
 def test_the_server_does_not_serve_files(app_url, tiny_model_dir):
-    for path in ("/etc/passwd", str(Path(tiny_model_dir) / "config.json"), "README.md", "webapp/app.py"):
+    for path in ("/etc/passwd", str(Path(tiny_model_dir) / "config.json"), "README.md", "webapp/ui/page.py"):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{app_url}/gradio_api/file={path}", timeout=10)
         assert err.value.code in (403, 404), path

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from webapp.ar_reference import ArReferences, Reference
-from webapp.chat import assistant, block, clean_history, prompt_messages, text_of
+from webapp.serving.ar_reference import ArReferences, Reference
+from webapp.ui.chat import assistant, block, clean_history, prompt_messages, text_of
 from webapp.netinfo import lan_addresses, lan_urls
-from webapp.params import AUTO, ParamError, depth_choices, parse_params
-from webapp.render import LaneView, chart_svg, lane_html, legend_html, median, race_stats_html, reply_stats
-from webapp.scheduler import TimedLane, run_fair, shared_time
-from webapp.stops import StopRegistry
+from webapp.serving.params import AUTO, ParamError, depth_choices, parse_params
+from webapp.ui.render import LaneView, chart_svg, lane_html, legend_html, median, race_stats_html, reply_stats
+from webapp.serving.scheduler import TimedLane, run_fair, shared_time
+from webapp.serving.stops import StopRegistry
 
 
 # --- the scheduler ----------------------------------------------------------------------

@@ -117,13 +117,13 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"  Pass --model DIR (a Qwythos-layout checkpoint with optiq/mtp.safetensors).", file=sys.stderr)
         return 2
 
-    from .model import ModelHost, describe_runtime
-    from .params import parse_params
+    from .serving.model import ModelHost, describe_runtime
+    from .serving.params import parse_params
     from .server import Shutdown
 
     load, group = None, None
     if args.distributed:
-        from . import distributed
+        from .serving import distributed
 
         settings = distributed.prepare(settings)
         rank, group = distributed.rank_of(args.distributed)
@@ -158,7 +158,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                               32, settings.seed, settings.depth, max_depth=settings.max_depth)
         host_model.warmup(params, log=lambda m: print(f"mtp-chat: {m}", flush=True))
 
-    from .app import build_app, launch
+    from .server import launch
+    from .ui.page import build_app
 
     demo = build_app(host_model, runtime=runtime)
     try:

@@ -8,7 +8,7 @@ cross-site use of a visitor's browser), failed sign-ins are throttled per client
 and file uploads are refused (the app takes none), except a chat's pictures when the model has
 a vision tower (within the pictures' byte budget). uvicorn runs on a thread of ours; the main thread waits for Ctrl+C / SIGTERM, stops
 every decode within a cycle, and ends the process with ``os._exit(0)``: MLX's threads
-must not be torn down by the interpreter's exit (see worker.py).
+must not be torn down by the interpreter's exit (see serving/worker.py).
 """
 from __future__ import annotations
 
@@ -185,9 +185,9 @@ def build_server(model_host, demo, *, auth=None, api=None, network: bool = False
     from fastapi import FastAPI
     from starlette.middleware.cors import CORSMiddleware
 
-    from .api import OpenAIApi
-    from .theme import AUTH_MESSAGE, THEME
-    from .render import CSS
+    from .api.routes import OpenAIApi
+    from .ui.theme import AUTH_MESSAGE, THEME
+    from .ui.render import CSS
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     st = getattr(model_host, "settings", None)
@@ -202,6 +202,29 @@ def build_server(model_host, demo, *, auth=None, api=None, network: bool = False
         app.include_router(OpenAIApi(model_host, demo.stops, api).router())
     return gr.mount_gradio_app(app, demo, path="/", auth=auth, auth_message=AUTH_MESSAGE, show_error=True,
                                ssr_mode=False, theme=THEME, css=CSS, footer_links=["api", "settings"])
+
+
+def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
+           api_key=None, log=lambda line: None, keepalive=None, cors_origins=()):
+    """Serve the UI and the OpenAI-compatible API on one port; returns
+    the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
+    from .api.routes import ApiConfig, model_id_of
+
+    enabled, why_not = api_policy(host, auth, api_key)
+    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
+                    cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
+    if getattr(model_host.adapter, "vision", None) is not None:   # room for the pictures a request may carry
+        st = model_host.settings
+        api.max_body += st.image_max_count * (st.image_max_bytes * 4 // 3 + 64)
+        api.body_note = (f" A request may carry {st.image_max_count} picture(s) of at most "
+                         f"{st.image_max_bytes / 1e6:.1f} MB each (PNG, JPEG, WebP, GIF or BMP, base64).")
+    if keepalive is not None:
+        api.keepalive = keepalive
+    app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)
+    running = RunningServer(app, host, port).start()
+    running.api = api
+    return running
+
 
 
 # --- running it -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 On one loaded model, warm, for every prompt and repeat r (seed r, the seeds scripts/bench/bench.py
 gives its repeats), three ways of decoding the same two streams (the same seed gives the same
 tokens in all three):
-  race    the Race tab's own code path, headless: webapp.race.RaceHandlers.race (one race,
+  race    the Race tab's own code path, headless: webapp.ui.race.RaceHandlers.race (one race,
           the app's update interval), both lanes from the prefix cache's prompt state;
   alone   each lane's stream run by itself through the same worker, scheduler and clock;
   bench   scripts/bench/bench.py's paired runs (its run_ours: core decoders on the model thread, no
@@ -47,11 +47,11 @@ from adapters.runtime import describe_runtime, runtime_info  # noqa: E402
 from core import AutoregressiveDecoder, SpeculativeDecoder  # noqa: E402
 from core.settings import get_settings  # noqa: E402
 from scripts.bench import bench  # noqa: E402
-from webapp.model import ModelHost  # noqa: E402
-from webapp.params import parse_params  # noqa: E402
-from webapp.race import RaceHandlers, lane_view, record  # noqa: E402
-from webapp.scheduler import TimedLane, run_fair  # noqa: E402
-from webapp.stops import StopRegistry  # noqa: E402
+from webapp.serving.model import ModelHost  # noqa: E402
+from webapp.serving.params import parse_params  # noqa: E402
+from webapp.ui.race import RaceHandlers, lane_view, record  # noqa: E402
+from webapp.serving.scheduler import TimedLane, run_fair  # noqa: E402
+from webapp.serving.stops import StopRegistry  # noqa: E402
 
 # The held-out everyday prompts of scripts/bench/race_in_browser.py (the Race tab in a browser), so that
 # the headless race and the one a user clicks are measured on the same prompts.
@@ -111,7 +111,7 @@ def lane_figures(lane: TimedLane, decode_s: float) -> dict:
 
 
 def _final(lane):
-    from webapp.scheduler import Snapshot
+    from webapp.serving.scheduler import Snapshot
 
     return Snapshot(lane.clock, [lane], final=True)
 

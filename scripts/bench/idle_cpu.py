@@ -40,8 +40,8 @@ def busy_percent(pid: int, seconds: float) -> float:
 
 
 # `python -m webapp`, optionally with webapp/idle.py's calm_queue turned off first
-RUN_APP = ("import sys, webapp.idle\n"
-           "if sys.argv[1] == 'gradio-polling': webapp.idle.calm_queue = lambda demo: None\n"
+RUN_APP = ("import sys, webapp.ui.idle\n"
+           "if sys.argv[1] == 'gradio-polling': webapp.ui.idle.calm_queue = lambda demo: None\n"
            "from webapp.cli import main\n"
            "raise SystemExit(main(sys.argv[2:]))")
 

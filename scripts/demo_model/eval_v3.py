@@ -72,7 +72,7 @@ def tools_eval(ad, items, seed=35):
     from conversations import OTHER_TOOLS, tool_schema
     from core import AutoregressiveDecoder, SamplerConfig
     from core.chat import render
-    from webapp.toolcalls import split_tool_calls
+    from webapp.api.toolcalls import split_tool_calls
 
     rng = random.Random(seed)
     lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=0.6, top_p=0.95, top_k=20))

@@ -32,7 +32,7 @@ from adapters import load_adapter  # noqa: E402
 from core import SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.chat import render  # noqa: E402
 from loops import heldout_prompts, loop_rate  # noqa: E402
-from webapp.toolcalls import split_tool_calls  # noqa: E402
+from webapp.api.toolcalls import split_tool_calls  # noqa: E402
 
 SAMPLER = SamplerConfig(temperature=0.6, top_p=0.95, top_k=20)
 

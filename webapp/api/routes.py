@@ -4,9 +4,9 @@ Anthropic Messages, OpenAI Responses.
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``,
 ``GET|HEAD /health``, and ``GET /metrics``
-(Prometheus text, webapp/metrics.py) under the same rules as ``/v1``: it tells what the
+(Prometheus text, webapp/serving/metrics.py) under the same rules as ``/v1``: it tells what the
 server decoded, which is as private as the API itself. Decodes go through ``host.stream`` like the UI's replies: the same model
-thread, the same prefix cache, one at a time (api_run.Run). Every refusal is a 4xx in the
+thread, the same prefix cache, one at a time (api.run.Run). Every refusal is a 4xx in the
 route's own error shape (OpenAI's, or Anthropic's on /v1/messages); a client that
 disconnects, a stop sequence or shutdown ends the decode within one cycle.
 """
@@ -20,20 +20,25 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .api_anthropic import MessageWriter, anthropic_error, context_refusal, count_body, parse_messages_request
-from .api_decode import Turns
-from .api_errors import ApiError, decode_failure, error_body, error_response
-from .api_format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
-from .api_prompt import chat_prompt, completion_prompt
-from .api_request import ApiRequest, loads, parse_chat, parse_completion
-from .api_responses import ResponseStore, ResponseWriter, parse_responses_request, too_long_refusal
-from .api_run import Ending, KeepAlive, Run, collect
-from .api_text import ReplyShaper
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .netinfo import hostname_of, is_loopback
-from .stops import StopRegistry
+from core.limits import MAX_BODY_BYTES
 
-MAX_BODY = 4 * 1024 * 1024          # bytes; a chat's text limit is the engine's (InputTooLarge)
+from ..netinfo import hostname_of, is_loopback
+from ..serving.metrics import CONTENT_TYPE as METRICS_TYPE
+from ..serving.stops import StopRegistry
+from .anthropic import MessageWriter, anthropic_error, context_refusal, count_body
+from .anthropic_request import parse_messages_request
+from .decode import Turns
+from .errors import ApiError, decode_failure, error_body, error_response
+from .format import DONE, KEEPALIVE, Reply, chat_logprobs, completion_logprobs, sse
+from .openai_request import parse_chat, parse_completion
+from .prompt import chat_prompt, completion_prompt
+from .request import ApiRequest, loads
+from .responses import ResponseWriter, too_long_refusal
+from .responses_request import parse_responses_request
+from .responses_store import ResponseStore
+from .run import Ending, KeepAlive, Run, collect
+from .text import ReplyShaper
+
 KEEPALIVE_SECONDS = 5.0
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET",
           "/v1/messages": "POST", "/v1/messages/count_tokens": "POST", "/v1/responses": "POST"}
@@ -47,7 +52,7 @@ class ApiConfig:
     api_key: Optional[str] = None
     off_reason: str = ""
     keepalive: float = KEEPALIVE_SECONDS
-    max_body: int = MAX_BODY
+    max_body: int = MAX_BODY_BYTES               # the pictures a request may carry are added (server.py)
     body_note: str = ""                     # what the 413 adds (the pictures a request may carry)
     cors_origins: Tuple[str, ...] = ()      # web origins whose pages may call the API (--cors-origins)
     response_store: int = 256               # /v1/responses kept for previous_response_id (LRU)

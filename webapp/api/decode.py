@@ -87,7 +87,7 @@ class DecodeJob:
 
 class Turns:
     """API decodes take turns: `width` at a time (1, or max_batch when requests are batched:
-    webapp/batching.py), in arrival order (asyncio's semaphore wakes waiters first in, first out).
+    webapp/serving/batching.py), in arrival order (asyncio's semaphore wakes waiters first in, first out).
 
     A UI reply may run alongside (Gradio's queue serialises the UI's own), and the model
     thread then alternates their steps, so neither waits for the other to finish. Keeping

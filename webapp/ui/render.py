@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..serving.ar_reference import SHORT_REPLY_TOKENS
+
 # origin -> (css class, background, legend label)
 ORIGINS: Dict[str, Tuple[str, str, str]] = {
     "draft": ("tok-draft", "rgba(34,197,94,0.32)", "accepted draft (MTP guess, verified free)"),
@@ -19,10 +21,6 @@ ORIGINS: Dict[str, Tuple[str, str, str]] = {
     "target": ("tok-target", "transparent", "target-sampled"),
 }
 LANE_COLORS = {"ar": "#64748b", "mtp": "#16a34a"}
-# Under this many tokens a reply's speed is mostly its first cycle and which few drafts happened
-# to be accepted: single races on the demo's 14-40-token replies ranged 0.77-1.41x on prompts
-# whose paired benchmark said 1.13x. The race and the chat say so instead of showing a result.
-SHORT_REPLY_TOKENS = 32
 
 CSS = """
 #chatbot [role=log] { padding-top: 30px; }   /* keep the first message clear of the corner buttons */
@@ -276,6 +274,15 @@ def _nice_step(span: float, n: int = 5) -> float:
     return 10 * mag
 
 
+def _ticks(step: float, end: float) -> List[float]:
+    """0, step, 2*step, ... up to `end` (which the axis rounded up to a whole step)."""
+    out, k = [], 0
+    while k * step <= end + 1e-9:
+        out.append(k * step)
+        k += 1
+    return out
+
+
 def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
               width: int = 640, height: int = 260) -> str:
     """Tokens over own-clock seconds, one step line per lane: [(label, colour, points)]."""
@@ -294,18 +301,14 @@ def chart_svg(series: Sequence[Tuple[str, str, Sequence[Tuple[float, int]]]],
 
     parts = [f'<svg viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" role="img" '
              f'aria-label="tokens over own-clock time" font-size="11" fill="currentColor">']
-    k = 0
-    while k * ys <= ymax + 1e-9:
-        y = Y(k * ys)
+    for v in _ticks(ys, ymax):
+        y = Y(v)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="currentColor" stroke-opacity="0.12"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{k * ys:g}</text>')
-        k += 1
-    k = 0
-    while k * xs <= xmax + 1e-9:
-        x = X(k * xs)
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+    for v in _ticks(xs, xmax):
+        x = X(v)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="currentColor" stroke-opacity="0.12"/>'
-                     f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{k * xs:g}</text>')
-        k += 1
+                     f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{v:g}</text>')
     parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle">own compute time (s)</text>'
                  f'<text x="12" y="{top + ph / 2:.1f}" text-anchor="middle" transform="rotate(-90 12 {top + ph / 2:.1f})">tokens</text>')
     for i, (label, colour, pts) in enumerate(series):
@@ -327,8 +330,8 @@ THINKING_TITLE = "💭 Thinking"
 
 def reply_stats(stats: dict, mode: str, reference=None, depth: object = 1, batched_with: int = 0) -> Tuple[str, str]:
     """(title, details markdown) for a chat reply's stats message. `reference`: the AR speed at
-    this reply's sampler, prompt length and reply length (webapp.ar_reference.Reference) or None;
-    `batched_with`: the most other requests it decoded together with (webapp/batching.py)."""
+    this reply's sampler, prompt length and reply length (webapp.serving.ar_reference.Reference) or None;
+    `batched_with`: the most other requests it decoded together with (webapp/serving/batching.py)."""
     tps = stats.get("tokens_per_second", 0.0) or 0.0
     n = stats.get("generated_tokens", 0) or 0
     short = 0 < n < SHORT_REPLY_TOKENS

@@ -51,7 +51,7 @@ class ModelWorker:
         self._open_streams = 0
         self._lock, self._slice_lock = threading.Lock(), threading.Lock()
         self.idle_slices = 0      # background slices run so far
-        # A batch scheduler (webapp/batching.py): while busy() it steps whenever no call waits.
+        # A batch scheduler (webapp/serving/batching.py): while busy() it steps whenever no call waits.
         self.pump = None
         # What happened in order, for diagnostics and tests: ("slice", n), ("open"|"end", stream id).
         self.events: "collections.deque" = collections.deque(maxlen=4096)

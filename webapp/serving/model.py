@@ -18,7 +18,7 @@ from .worker import ModelWorker, WorkerStream
 
 WARMUP_PROMPT = "Hello!"
 # A prompt answered at length: the race's default, and the warm-up's AR reference (which needs a
-# reply of >= 32 tokens, webapp/ar_reference.py). The demo model answers a greeting in ~12
+# reply of >= 32 tokens, webapp/serving/ar_reference.py). The demo model answers a greeting in ~12
 # tokens, the race's old default ("what a noun is") in 12-32, this in 103-256 (seeds 0-4, both
 # lanes, T=0.6 top-p 0.95 top-k 20).
 LONG_REPLY_PROMPT = "Tell me about Python lists."
@@ -117,7 +117,7 @@ class ModelHost:
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print, load=None) -> "ModelHost":
         """`load(path, settings=, log=)` -> adapter, on the model thread: load_adapter, or rank 0's
-        part of a pipeline (webapp/distributed.py)."""
+        part of a pipeline (webapp/serving/distributed.py)."""
         from adapters import load_adapter
 
         path = Path(path)
@@ -154,7 +154,7 @@ class ModelHost:
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
         if self.scheduler is not None and source != "race":
-            # Decoded with whoever else is being served (webapp/batching.py); the race runs alone.
+            # Decoded with whoever else is being served (webapp/serving/batching.py); the race runs alone.
             import threading
 
             stop = stop or threading.Event()
@@ -280,7 +280,7 @@ class ModelHost:
         self.calibration.measure_now()
         log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s)")
 
-    # --- the AR speed the chat's speedup estimate compares against (webapp/ar_reference.py) --
+    # --- the AR speed the chat's speedup estimate compares against (webapp/serving/ar_reference.py) --
     def note_ar_speed(self, params: RunParams, prompt_tokens: int, tokens_per_second: float, tokens: int) -> None:
         self.ar_references.note(params, prompt_tokens, tokens_per_second, tokens)
 

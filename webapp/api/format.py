@@ -1,8 +1,11 @@
-"""The JSON objects of OpenAI replies (chat and legacy completions, whole and streamed).
+"""The JSON objects of OpenAI replies (chat and legacy completions, whole and streamed), as
+pydantic models.
 
 One reply keeps one ``id`` and ``created`` on every chunk. Extension: ``mtp`` carries the
 engine's figures (tokens/s, acceptance, accepted / proposed, depth, time to first token, and
-the waterfall: seconds per part of the reply's own compute time).
+the waterfall: seconds per part of the reply's own compute time); Responses and Anthropic
+replies carry the same object. A model is dumped with only the fields it was given
+(``exclude_unset``): a chat message has ``tool_calls`` only when it calls tools, as OpenAI's.
 """
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
-from .api_text import Delta, join
+from pydantic import BaseModel, ConfigDict
+
+from .text import Delta, join
 from .toolcalls import ToolCall
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -31,12 +36,51 @@ def finish_reason(engine_reason: Optional[str], stop_sequence: bool, calls: Sequ
     return "stop"          # end of turn, a stop sequence, or a decode cut short
 
 
+class Shape(BaseModel):
+    """A reply object: dumped with the fields it was given (set or assigned), nothing else."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def out(self) -> dict:
+        return self.model_dump(exclude_unset=True)
+
+
+class CachedTokens(Shape):
+    cached_tokens: int
+
+
+class Usage(Shape):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: Optional[CachedTokens] = None
+
+
+class Mtp(Shape):
+    """The ``mtp`` extension: what the engine did for this reply. Every field has a default:
+    an echo-only completion decodes nothing and carries an empty one."""
+    mode: str = "mtp"                             # "mtp" (speculative) or "ar"
+    depth: Union[int, str] = "auto"               # asked for: 1..max_depth or "auto"
+    depth_used: Optional[int] = None              # what auto chose last
+    tokens_per_second: Optional[float] = None
+    acceptance: Optional[float] = None            # accepted / proposed (None for AR)
+    accepted: int = 0
+    proposed: int = 0
+    acceptance_per_depth: List[float] = []
+    tokens_per_cycle: Optional[float] = None
+    cycles: int = 0
+    ttft: Optional[float] = None                  # seconds to the first token
+    prefill_seconds: Optional[float] = None
+    cached_tokens: int = 0                        # prompt tokens the prefix cache served
+    prefilled_tokens: Optional[int] = None
+    waterfall: Dict[str, float] = {}              # where the time went (core/waterfall.py), in seconds
+    compute_seconds: Optional[float] = None       # the lane's own time the waterfall adds up to
+
+
 def usage(prompt_tokens: int, stats: Optional[dict]) -> dict:
     s = stats or {}
     completion = int(s.get("generated_tokens", 0))
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": int(s.get("cached_tokens") or 0)}}
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
+                 prompt_tokens_details=CachedTokens(cached_tokens=int(s.get("cached_tokens") or 0))).out()
 
 
 def figures(mode: str, depth, stats: Optional[dict]) -> dict:
@@ -48,17 +92,44 @@ def figures(mode: str, depth, stats: Optional[dict]) -> dict:
         v = s.get(key)
         return round(float(v), nd) if isinstance(v, (int, float)) else None
 
-    return {"mode": mode, "depth": depth, "depth_used": s.get("depth"),
-            "tokens_per_second": r("tokens_per_second", 2),
-            "acceptance": r("acceptance_rate") if speculative else None,
-            "accepted": int(s.get("accepted", 0)), "proposed": int(s.get("proposed", 0)),
-            "acceptance_per_depth": [round(a, 4) for a in s.get("acceptance_per_depth") or []],
-            "tokens_per_cycle": r("tokens_per_cycle", 3), "cycles": int(s.get("cycles", 0)),
-            "ttft": r("time_to_first_token"), "prefill_seconds": r("prefill_seconds"),
-            "cached_tokens": int(s.get("cached_tokens") or 0), "prefilled_tokens": s.get("prefilled_tokens"),
-            # where the time went (core/waterfall.py), in seconds, and the lane's own time it adds up to
-            "waterfall": {k: round(float(v), 6) for k, v in (s.get("waterfall") or {}).items()},
-            "compute_seconds": r("compute_seconds", 6)}
+    return Mtp(mode=mode, depth=depth, depth_used=s.get("depth"), tokens_per_second=r("tokens_per_second", 2),
+               acceptance=r("acceptance_rate") if speculative else None,
+               accepted=int(s.get("accepted", 0)), proposed=int(s.get("proposed", 0)),
+               acceptance_per_depth=[round(a, 4) for a in s.get("acceptance_per_depth") or []],
+               tokens_per_cycle=r("tokens_per_cycle", 3), cycles=int(s.get("cycles", 0)),
+               ttft=r("time_to_first_token"), prefill_seconds=r("prefill_seconds"),
+               cached_tokens=int(s.get("cached_tokens") or 0), prefilled_tokens=s.get("prefilled_tokens"),
+               waterfall={k: round(float(v), 6) for k, v in (s.get("waterfall") or {}).items()},
+               compute_seconds=r("compute_seconds", 6)).out()
+
+
+class ChatMessage(Shape):
+    role: str = "assistant"
+    content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[List[dict]] = None
+
+
+class Choice(Shape):
+    """A choice of a whole reply (``message`` for chat, ``text`` for legacy completions) or of a
+    chunk (``delta`` for chat, ``text``)."""
+    index: int = 0
+    message: Optional[ChatMessage] = None
+    delta: Optional[dict] = None
+    text: Optional[str] = None
+    logprobs: Optional[dict] = None
+    finish_reason: Optional[str] = None
+
+
+class Completion(Shape):
+    """A whole reply or one chunk of a streamed one."""
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: List[Choice]
+    usage: Optional[Usage] = None
+    mtp: Optional[Mtp] = None
 
 
 @dataclass
@@ -85,8 +156,8 @@ class Reply:
     def chunk(self, choice_part: dict, finish: Optional[str] = None, logprobs: Optional[dict] = None,
               **extra) -> dict:
         head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        choice = {"index": 0, **choice_part, "logprobs": logprobs, "finish_reason": finish}
-        return {**head, "choices": [choice], **extra}
+        choice = Choice(index=0, **choice_part, logprobs=logprobs, finish_reason=finish)
+        return Completion(**head, choices=[choice], **extra).out()
 
     def role_chunk(self) -> dict:
         return self.chunk({"delta": {"role": "assistant"}})
@@ -106,22 +177,22 @@ class Reply:
 
     def usage_chunk(self, use: dict, mtp: dict) -> dict:
         head = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        return {**head, "choices": [], "usage": use, "mtp": mtp}
+        return Completion(**head, choices=[], usage=use, mtp=mtp).out()
 
     # --- whole --------------------------------------------------------------------------
     def whole(self, deltas: List[Delta], calls: Sequence[ToolCall], finish: str, use: dict, mtp: dict,
               logprobs: Optional[dict] = None, echo: str = "") -> dict:
         content, reasoning = join(deltas)
         if self.kind == "text":
-            choice = {"index": 0, "text": echo + content, "logprobs": logprobs, "finish_reason": finish}
+            choice = Choice(index=0, text=echo + content, logprobs=logprobs, finish_reason=finish)
         else:
-            message = {"role": "assistant", "content": content if (content or not calls) else None}
+            message = ChatMessage(role="assistant", content=content if (content or not calls) else None)
             if reasoning:
-                message["reasoning_content"] = reasoning
+                message.reasoning_content = reasoning
             if calls:
-                message["tool_calls"] = [c.as_openai() for c in calls]
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
-        return {**self._head(self.object), "choices": [choice], "usage": use, "mtp": mtp}
+                message.tool_calls = [c.as_openai() for c in calls]
+            choice = Choice(index=0, message=message, logprobs=logprobs, finish_reason=finish)
+        return Completion(**self._head(self.object), choices=[choice], usage=use, mtp=mtp).out()
 
 
 # --- logprobs (core.TokenLogprob lists -> OpenAI's two shapes) -----------------------------

@@ -1,4 +1,4 @@
-"""How the app looks and greets: its Gradio theme and the sign-in message (used by app.py to
+"""How the app looks and greets: its Gradio theme and the sign-in message (used by page.py to
 build the page and by server.py to mount it; apart so that neither imports the other)."""
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ class Metrics:
         self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                         "Accepted drafted tokens by draft position (0 = first draft)",
                                         LABELS + ("position",), registry=r)
-        # Continuous batching (webapp/batching.py), as of its latest step; vLLM's names.
+        # Continuous batching (webapp/serving/batching.py), as of its latest step; vLLM's names.
         self.running = Gauge("vllm:num_requests_running", "Requests decoding together in the batch", registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for room in the batch", registry=r)
 

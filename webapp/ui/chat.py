@@ -4,7 +4,7 @@ History is a list of ``{"role", "content", "metadata"?}`` messages (Gradio 6 mes
 format, content as text blocks). Each reply is followed by a stats message: an assistant
 message whose ``metadata.title`` carries the figures; such messages never reach the prompt.
 Only text ever leaves these functions, and a user's pictures as file blocks whose paths lie in
-Gradio's upload folder (webapp/pictures.py), so a crafted history cannot make the server serve
+Gradio's upload folder (webapp/ui/pictures.py), so a crafted history cannot make the server serve
 or read any other file.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Iterator, List, Optional, Tuple
 import gradio as gr
 
 from . import pictures
-from .inputs import clean_text, history_problem
-from .model import ModelHost
-from .params import ParamError, parse_params
+from ..serving.inputs import clean_text, history_problem
+from ..serving.model import ModelHost
+from ..serving.params import ParamError, parse_params
 from .refusals import refusal
 from .render import THINKING_TITLE, reply_stats
-from .stops import StopRegistry
+from ..serving.stops import StopRegistry
 
 UPDATE_INTERVAL = 0.1      # seconds between streamed UI updates (~10/s: the browser keeps up)
 MODES = {"mtp": "mtp", "ar": "ar", "mtp (speculative)": "mtp", "ar (plain)": "ar"}
@@ -131,7 +131,7 @@ class Reply:
 
 
 def sharing(stream) -> List[dict]:
-    """While a reply decodes in a batch (webapp/batching.py), a line that says with how many
+    """While a reply decodes in a batch (webapp/serving/batching.py), a line that says with how many
     others: where a request that waits its turn would show its queue position."""
     n = getattr(stream, "batched_with", 0)
     if not n:

@@ -9,7 +9,7 @@ request did it inside itself, every user behind it stalled as long. Now:
 - warm-up measures what is missing, before the server listens, and saves it;
 - without warm-up, an `auto` request at a context bucket not measured yet decodes with the
   unmeasured policy (core/costs.DepthPolicy: depth 1) and asks for the measurement, which the
-  model thread runs slice by slice in idle time (webapp/worker.py); when it lands, running and
+  model thread runs slice by slice in idle time (webapp/serving/worker.py); when it lands, running and
   later `auto` replies use it, and it is saved.
 """
 from __future__ import annotations

@@ -12,15 +12,15 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import gradio as gr
 
 from .chat import session_of
-from .inputs import clean_text
-from .model import ModelHost
-from .params import ParamError, parse_params
+from ..serving.inputs import clean_text
+from ..serving.model import ModelHost
+from ..serving.params import ParamError, parse_params
 from .pictures import read as read_picture
 from .refusals import refusal
-from .render import (LANE_COLORS, SHORT_REPLY_TOKENS, LaneView, chart_svg, empty_lane_html, lane_html, median,
-                     race_stats_html)
-from .scheduler import Snapshot, TimedLane, run_fair
-from .stops import StopRegistry
+from .render import LANE_COLORS, LaneView, chart_svg, empty_lane_html, lane_html, median, race_stats_html
+from ..serving.ar_reference import SHORT_REPLY_TOKENS
+from ..serving.scheduler import Snapshot, TimedLane, run_fair
+from ..serving.stops import StopRegistry
 
 UPDATE_INTERVAL = 0.1
 MAX_REPEATS = 20
@@ -164,7 +164,7 @@ class RaceHandlers:
 
             try:
                 content = str(prompt)
-                if image:   # webapp/pictures.py reads only what this page uploaded
+                if image:   # webapp/ui/pictures.py reads only what this page uploaded
                     content = [{"type": "image", "picture": read_picture(image, self.host.settings.image_max_bytes)},
                                {"type": "text", "text": content}]
                 ids = self.host.prompt_ids([{"role": "user", "content": content}], max_tokens=params.max_tokens)

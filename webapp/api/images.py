@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.images import ImageError, Picture, check_count, from_url
+from core.limits import IMAGE_MAX_BYTES, IMAGE_MAX_COUNT
 
-from .api_errors import ApiError, bad_request
+from .errors import ApiError, bad_request
 
 
 @dataclass
 class Budget:
-    max_bytes: int = 20_000_000
-    max_count: int = 4
+    max_bytes: int = IMAGE_MAX_BYTES
+    max_count: int = IMAGE_MAX_COUNT
     tower: bool = True      # False: the model reads text only, and every picture is refused as such
     seen: int = 0
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import List, Tuple
 
-from .api_errors import ApiError, bad_request
-from .api_request import ApiRequest
+from .errors import ApiError, bad_request
+from .request import ApiRequest
 
 
 def _refusal(exc: Exception, param: str) -> ApiError:

@@ -4,7 +4,7 @@
 shapes the text (reasoning, stop sequences, tool calls: ``ReplyShaper``) and yields ``None``
 while nothing happens (a stream's keep-alive), ``Delta`` pairs as text is ready, and one
 :class:`Ending` last. OpenAI chat and completions (api.py), Anthropic Messages
-(api_anthropic.py) and OpenAI Responses (api_responses.py) write those events in their shapes.
+(api/anthropic.py) and OpenAI Responses (api/responses.py) write those events in their shapes.
 After a reply, the conversation with it is snapshotted for the next turn's prompt (the
 prefix cache, ``ModelHost.remember``) as the client will send it back.
 """
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, List, Optional
 
-from .api_decode import DecodeJob, Piece
-from .api_errors import ApiError
-from .api_format import figures, finish_reason, usage
-from .api_request import ApiRequest
-from .api_text import Delta, ReplyShaper
+from .decode import DecodeJob, Piece
+from .errors import ApiError
+from .format import figures, finish_reason, usage
+from .request import ApiRequest
+from .text import Delta, ReplyShaper
 from .toolcalls import ToolCall
 
 TICK = 0.25                         # how often a waiting request looks at its client
@@ -34,13 +34,13 @@ class Ending:
     finish: str                       # OpenAI's finish_reason: stop | length | tool_calls
     stop_sequence: Optional[str]      # the stop sequence that ended the reply, if one did
     usage: dict                       # OpenAI's usage object
-    mtp: dict                         # the engine's figures (api_format.figures)
+    mtp: dict                         # the engine's figures (api.format.figures)
 
 
 @dataclass
 class Run:
     """One request's decode. `api` is the OpenAIApi (host, stops, turns); `prompt` what
-    api_prompt made; `constraint` a core.Constraint for structured output; `keep_reasoning`:
+    api.prompt made; `constraint` a core.Constraint for structured output; `keep_reasoning`:
     the client sends the reasoning back next turn (Anthropic thinking blocks, Responses
     reasoning items), so the snapshot for the next turn holds it too."""
 

@@ -17,21 +17,21 @@ import gradio as gr  # noqa: E402
 from .chat import ChatHandlers, clean_history, session_of  # noqa: E402
 from .idle import calm_queue  # noqa: E402
 from .literal import literal_user_text  # noqa: E402
-from .model import LONG_REPLY_PROMPT, ModelHost, describe_runtime  # noqa: E402
-from .params import depth_choices  # noqa: E402
+from ..serving.model import LONG_REPLY_PROMPT, ModelHost, describe_runtime  # noqa: E402
+from ..serving.params import depth_choices  # noqa: E402
 from .pictures import limits_text  # noqa: E402
 from .race import DEFAULT_REPEATS, MAX_REPEATS, RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
 from .render import CSS, esc  # noqa: E402
-from .stops import StopRegistry  # noqa: E402
+from ..serving.stops import StopRegistry  # noqa: E402
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
 
 
 def model_queue(host) -> dict:
-    """One decode at a time, or max_batch when requests are batched (webapp/batching.py): the
+    """One decode at a time, or max_batch when requests are batched (webapp/serving/batching.py): the
     replies beyond that wait in Gradio's queue and see their position; those inside see
-    "batched with N others" (webapp/chat.py)."""
+    "batched with N others" (webapp/ui/chat.py)."""
     width = int(getattr(host.settings, "max_batch", 1) or 1) if host.scheduler is not None else 1
     return dict(MODEL_QUEUE, concurrency_limit=width)
 # Checks before a reply (submit, regenerate): through the queue, so a refusal shows its
@@ -203,26 +203,3 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
     quiet_input_errors(demo)
     return demo
 
-
-def launch(demo: gr.Blocks, model_host: ModelHost, *, host: str = "127.0.0.1", port: int = 7860, auth=None,
-           api_key=None, log=lambda line: None, keepalive=None, cors_origins=()):
-    """Serve the UI and the OpenAI-compatible API on one port (webapp/server.py); returns
-    the running server (``.url``, ``.port``, ``.stop()``; ``.api``: the API's ApiConfig)."""
-    from .api import ApiConfig, model_id_of
-    from .netinfo import is_loopback
-    from .server import RunningServer, api_policy, build_server
-
-    enabled, why_not = api_policy(host, auth, api_key)
-    api = ApiConfig(model_id_of(model_host), enabled=enabled, api_key=api_key or None, off_reason=why_not, log=log,
-                    cors_origins=tuple(cors_origins), response_store=model_host.settings.response_store)
-    if getattr(model_host.adapter, "vision", None) is not None:   # room for the pictures a request may carry
-        st = model_host.settings
-        api.max_body += st.image_max_count * (st.image_max_bytes * 4 // 3 + 64)
-        api.body_note = (f" A request may carry {st.image_max_count} picture(s) of at most "
-                         f"{st.image_max_bytes / 1e6:.1f} MB each (PNG, JPEG, WebP, GIF or BMP, base64).")
-    if keepalive is not None:
-        api.keepalive = keepalive
-    app = build_server(model_host, demo, auth=auth, api=api, network=not is_loopback(host), cors_origins=cors_origins)
-    running = RunningServer(app, host, port).start()
-    running.api = api
-    return running

@@ -9,10 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Union
 
+from core.limits import MAX_SEED, MAX_TEMPERATURE, MAX_TOKENS
+
 AUTO = "auto"
-MAX_TEMPERATURE = 5.0   # = Settings.temperature's upper bound
-MAX_TOKENS_LIMIT = 32768   # = Settings.max_tokens' upper bound
-MAX_SEED = 2**64 - 1       # the PRNG key takes any unsigned 64-bit seed (mx.random.key)
 
 
 class ParamError(ValueError):
@@ -69,7 +68,7 @@ def _integer(name: str, value: Any) -> int:
 
 
 def parse_params(temperature, top_p, top_k, min_p, max_tokens, seed, depth, *,
-                 max_depth: int, max_tokens_limit: int = MAX_TOKENS_LIMIT) -> RunParams:
+                 max_depth: int, max_tokens_limit: int = MAX_TOKENS) -> RunParams:
     """Validate the panel's raw values (as Gradio or an API client sends them)."""
     t = _number("Temperature", temperature)
     if not 0.0 <= t <= MAX_TEMPERATURE:

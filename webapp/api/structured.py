@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, List, Optional
 
-from .api_errors import bad_request
+from .errors import bad_request
 from .toolcalls import CLOSE, OPEN
 
 

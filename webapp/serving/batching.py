@@ -34,7 +34,7 @@ class BatchedStream:
         self.scheduler, self.seq, self.stop_event = scheduler, seq, stop
         self.finished = False
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
-        # What the UI says of it (webapp/chat.py): how many others shared its latest step, and
+        # What the UI says of it (webapp/ui/chat.py): how many others shared its latest step, and
         # the most that shared one; its place among the requests waiting for room (0: inside).
         self.batched_with = self.most_batched_with = 0
 
