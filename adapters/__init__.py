@@ -9,7 +9,7 @@ scripts, `FAMILY.label` and `head_spec(config)`. To add one:
    Next heads reuse adapters/qwen3_5), an adapter class with the contract's methods, a loader
    that checks its head before it loads the trunk and refuses a bad checkpoint naming the tensor;
 2. register the package below;
-3. teach scripts/make_tiny_checkpoint.py its config keys and tensor names, so that tests can
+3. teach scripts/checkpoints/make_tiny_checkpoint.py its config keys and tensor names, so that tests can
    make random checkpoints of it in both layouts (MLX conversion + sidecar, Hugging Face).
 
 Nothing in core/ or webapp/ changes for a new family. Kernels any family can use live in

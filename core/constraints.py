@@ -7,7 +7,7 @@ with the mask after the drafts before it, and each verified row of p with the sa
 grammar advances over the drafts as they are drawn and rolls back past the rejected ones. With
 p and q both masked, min(1, p/q) acceptance keeps MTP exact for the constrained distribution.
 
-Why llguidance (scripts/bench_constrained.py --libs, docs/bench/cpu-constrained-demo.json, the
+Why llguidance (scripts/bench/bench_constrained.py --libs, docs/bench/cpu-constrained-demo.json, the
 demo tokenizer of 8,192 tokens; median / p95 per-token mask, compile): on a nested schema with
 bounds llguidance 26 / 75 us, 1 ms; outlines-core 20 / 27 us but 380 ms to build its index
 up front (it grows with vocabulary and schema); on a simpler schema, in a one-off install,

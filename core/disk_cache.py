@@ -13,7 +13,7 @@ with one log line and deleted — never loaded. A read-only folder or a full dis
 off with one log line; the in-memory cache keeps serving.
 
 The folder is kept within a size budget (least recently used entries go first) and a TTL. What
-is on disk is the conversations' decoding state: the README's privacy note says so, and
+is on disk is the conversations' decoding state: docs/usage.md's privacy note says so, and
 `mtp-chat --clear-cache` removes it.
 """
 from __future__ import annotations

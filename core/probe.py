@@ -3,7 +3,7 @@
 What tells a correctly wired head from a wrongly wired one with no error anywhere: a wrong
 hidden-state variant, concat order or norm convention leaves everything running and acceptance
 near zero (KNOWLEDGE section 1). Used to verify an attached head and to find the wiring a
-checkpoint needs (mtp-chat attach-head, scripts/inspect_model.py --measure).
+checkpoint needs (mtp-chat attach-head, scripts/checkpoints/inspect_model.py --measure).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
     seed: int = 0
-    depth: Union[int, Literal["auto"]] = 2  # measured best on the demo model at T=0.6 and T=0 (README, "Measured numbers")
+    depth: Union[int, Literal["auto"]] = 2  # measured best on the demo model at T=0.6 and T=0 (docs/benchmarks.md, "Measured numbers")
     max_depth: int = Field(4, ge=1, le=MAX_DEPTH)
     # Overrides the checkpoint's MTP hidden-state variant (None: from config / family default).
     hidden_variant: Optional[Literal["pre_norm", "post_norm"]] = None
@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     prefix_cache_mb: int = Field(2048, ge=0)
     # The prefix cache on disk (core/disk_cache.py): snapshots survive a restart. None: the user's
     # cache folder (core.disk_cache.default_dir: $XDG_CACHE_HOME or ~/.cache, then mtp-chat/prefix);
-    # "" turns it off. The folder holds conversations' decoding state (README, "Prefix cache on
+    # "" turns it off. The folder holds conversations' decoding state (docs/usage.md, "Prefix cache on
     # disk"); `mtp-chat --clear-cache` empties it. Budget and TTL: least recently used entries go
     # first; an entry unused for the TTL is removed at the next start (0: no TTL).
     cache_dir: Optional[str] = None
@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.
     thinking: Optional[bool] = None
     blas: str = Field("auto", description="'auto', 'off' or a path to an OpenBLAS library")
-    # Backends (adapters/qwen3_5/backends.py): few-token forwards compiled per layer (the CPU
+    # Backends (adapters/qwen3_5/backends.py, cpu_runner.py, gpu_runner.py): few-token forwards compiled per layer (the CPU
     # path; on CUDA around the kernels), and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     max_batch: int = Field(1, ge=1, le=64)
     max_batched_tokens: int = Field(64, ge=1, le=4096)
     # A newcomer's prefill runs this many tokens per batched step while others decode: what a long
-    # prompt that joins holds the others back by per step (scripts/bench_batch.py measures it).
+    # prompt that joins holds the others back by per step (scripts/bench/bench_batch.py measures it).
     batch_prefill_chunk: int = Field(64, ge=1, le=8192)
     # Measured cost models (core/calibrate.py) are saved here per machine and model and reused
     # at the next start; None: ~/.cache/mtp-chat/costs. "" turns saving off.

@@ -67,7 +67,7 @@ class Waterfall:
 
     def cycle_seconds(self):
         """(seconds, count) of the timed cycles and of the others: what a timed cycle costs
-        more, measured inside the same replies (scripts/bench_waterfall.py)."""
+        more, measured inside the same replies (scripts/bench/bench_waterfall.py)."""
         return ((self._sampled_seconds, self.sampled),
                 (self._cycle_seconds - self._sampled_seconds, self.cycles - self.sampled))
 

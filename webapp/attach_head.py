@@ -66,7 +66,7 @@ def main(argv: Optional[List[str]] = None, out=print) -> int:
     out(f"acceptance on the Hugging Face checkpoint:               {_fmt(original)}")
     if mine.first < KEEP * original.first:
         print(f"mtp-chat attach-head: the attached head accepts {mine.first:.0%} of drafts where the original "
-              f"accepts {original.first:.0%}: check the wiring with scripts/inspect_model.py --measure.",
+              f"accepts {original.first:.0%}: check the wiring with scripts/checkpoints/inspect_model.py --measure.",
               file=sys.stderr)
         return 1
     out("OK: the attached head accepts drafts as the original does.")

@@ -178,7 +178,7 @@ class Gemma4Adapter:
         return f"{a.num_hidden_layers}-layer assistant drafter, hidden {a.hidden_size}, {head}"
 
     def report(self) -> list:
-        """What scripts/inspect_model.py prints for this family: the pair and what ties it together."""
+        """What scripts/checkpoints/inspect_model.py prints for this family: the pair and what ties it together."""
         a, d = self.args, self.drafter.args
         q = self.config.get("quantization")
         kv = ", ".join(f"{kind} <- backbone layer {i}" for kind, i in sorted(self.kv_source.items()))

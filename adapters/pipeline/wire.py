@@ -8,7 +8,7 @@ evaluation is the protocol).
 
 Header: [op, cache id, T, capture, fast, dtype, key, work, n items, items (kind, a, b) x MAX_ITEMS].
 `work`: microseconds the ranks so far spent computing this forward (each adds its own), so that
-rank 0 can tell the link's time from the other ranks' work (scripts/bench_distributed.py).
+rank 0 can tell the link's time from the other ranks' work (scripts/bench/bench_distributed.py).
 Items are what rank 0 queued since the last header (rollback a cache to keep k, free a cache,
 free a snapshot): they ride on the next command, so a verify's commit costs no message.
 """

@@ -46,7 +46,7 @@ class GpuKernels(MlxOps):
     (a Gated-DeltaNet layer's four input projections, gate and up, q/k/v) run as one product,
     and the residual after out_proj, o_proj and down_proj is added inside it: fewer launches.
     Wider inputs (a batch) go through it 8 rows at a time. `row_kernel=False` keeps MLX's own
-    matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu_profile.py compares)."""
+    matmul at most QMV_ROWS rows a call (also row-invariant; scripts/gpu/gpu_profile.py compares)."""
 
     def __init__(self, backend: str, row_kernel: bool = True, fused_gdn: bool = False,
                  fused_attention: bool = False):
@@ -54,7 +54,7 @@ class GpuKernels(MlxOps):
         self.backend = backend  # "cuda" | "metal"
         self.row_kernel = row_kernel and backend == "cuda"
         # kernels/gdn_fused.py and kernels/cuda_attention.py: off until measured on a GPU
-        # (scripts/gpu_fused_gdn.py and scripts/gpu_attention.py check them)
+        # (scripts/gpu/gpu_fused_gdn.py and scripts/gpu/gpu_attention.py check them)
         self.fused_gdn = fused_gdn and self.row_kernel
         self.fused_attention = fused_attention and backend == "cuda"
         self._fused: Dict[tuple, Optional[_Fused]] = {}

@@ -6,7 +6,7 @@ its sigmoid gate (`mlp.shared_expert.*`, `mlp.shared_expert_gate`).
 
 Everything else is adapters/qwen3_5's: the layers, the backends, the head's attention, the
 loader. The head reads the trunk's post-norm hidden state by default, as vLLM and SGLang run
-these heads; `scripts/inspect_model.py --measure` says which wiring a checkpoint needs.
+these heads; `scripts/checkpoints/inspect_model.py --measure` says which wiring a checkpoint needs.
 
 Keep this head in bf16: MTPLX measured acceptance falling to 5-11 % with a quantized MoE head
 against 79-85 % in bf16. A quantized one loads, with a warning that says so.

@@ -8,7 +8,7 @@ Playwright (as in the browser tests); the browser's own CPU is not counted.
 
     python scripts/bench/idle_cpu.py                      # demo model, 60 s per window
     python scripts/bench/idle_cpu.py --model DIR --seconds 30
-    python scripts/bench/idle_cpu.py --gradio-polling     # as before webapp/idle.py: Gradio's 1 ms loop
+    python scripts/bench/idle_cpu.py --gradio-polling     # as before webapp/ui/idle.py: Gradio's 1 ms loop
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def busy_percent(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
-# `python -m webapp`, optionally with webapp/idle.py's calm_queue turned off first
+# `python -m webapp`, optionally with webapp/ui/idle.py's calm_queue turned off first
 RUN_APP = ("import sys, webapp.ui.idle\n"
            "if sys.argv[1] == 'gradio-polling': webapp.ui.idle.calm_queue = lambda demo: None\n"
            "from webapp.cli import main\n"
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--settle", type=float, default=5.0, help="seconds to wait before each window")
     ap.add_argument("--no-warmup", action="store_true", help="start the server with --no-warmup")
     ap.add_argument("--gradio-polling", action="store_true",
-                    help="leave Gradio's queue polling as it is (the figure before webapp/idle.py)")
+                    help="leave Gradio's queue polling as it is (the figure before webapp/ui/idle.py)")
     args = ap.parse_args(argv)
 
     port = free_port()

@@ -2,14 +2,14 @@
 
   json    20 requests "the word and its number of letters as JSON" about held-out words, with the
           schema {"word": string, "letters": integer} as the API applies it (a grammar from
-          core.constraints, thinking off: webapp/api_prompt.py), AR lane at T=0.6 (seed = index),
+          core.constraints, thinking off: webapp/api/prompt.py), AR lane at T=0.6 (seed = index),
           80 tokens at most: valid = the reply parses and fits the schema; closed = it ended
           (end token) within the 80; plausible = letters has 1-4 digits and the word is short (v2's
           schema-valid replies hold 20-digit integers); right = letters is the word's length
   tools   50 dictionary requests about the tool evaluation's held-out words (tool_words.txt), with
           three or four tools offered: a dictionary under a name no training conversation uses
           (EVAL_NAMES: the model must copy the offered name), get_weather and one or two others; T=0.6:
-          right = one call, parsed by the server's own parser (webapp/toolcalls.py), of the offered
+          right = one call, parsed by the server's own parser (webapp/api/toolcalls.py), of the offered
           dictionary with the word; then, given the tool's result, whether the answer repeats the
           definition (its first six words, evaluate.py's rule)
 

@@ -7,7 +7,7 @@
             loops.py over all 200 (the MTP lane samples exactly the AR lane's distribution)
   tools     the 50 dictionary requests of tools_eval.jsonl with a dictionary and a weather tool
             offered (tokenizer.TOOL_EVAL_*): a well-formed call is one block that the server's own
-            parser (webapp/toolcalls.py) turns into a call of the dictionary with the word; then,
+            parser (webapp/api/toolcalls.py) turns into a call of the dictionary with the word; then,
             given the tool's result, whether the answer repeats the definition
 
     python scripts/demo_model/evaluate.py models/demo --json docs/bench/demo-v2-eval.json

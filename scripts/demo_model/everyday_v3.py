@@ -10,8 +10,8 @@ docs/bench/2026-12-02/demo-v2-judge.json: 5 of 75 held-out everyday questions ri
               -> "Use `list.append(x)`. ..."). Each fact in several phrasings (v2 had each once,
               and its 13M trunk learnt the shapes but not the facts); common words more often
   json (b)    schema-shaped requests answered with one JSON object that closes: as the API sends
-              them (webapp/api_structured.py: the schema becomes a grammar, not prompt text, and a
-              structured reply switches thinking off, webapp/api_prompt.py), so the prompt is the
+              them (webapp/api/structured.py: the schema becomes a grammar, not prompt text, and a
+              structured reply switches thinking off, webapp/api/prompt.py), so the prompt is the
               user's request alone -- in words, or with the schema pasted as clients paste it --
               after an empty think block; written in the grammar's own style (core.constraints
               .JSON_STYLE: ", " and ": ", no other whitespace), keys in the schema's order,

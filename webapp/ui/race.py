@@ -28,7 +28,7 @@ MAX_REPEATS = 20
 # (seeds s, s+1, s+2) give a median and a spread for one click.
 DEFAULT_REPEATS = 3
 # Own-clock seconds a lane may run ahead before the device switches lanes (see scheduler.run_fair;
-# what is shown is the same: both lanes at the shared time). Measured in scripts/bench_race.py.
+# what is shown is the same: both lanes at the shared time). Measured in scripts/bench/bench_race.py.
 SWITCH_QUANTUM = 0.0
 
 
@@ -219,7 +219,7 @@ class RaceHandlers:
             for lane in lanes:
                 lane.close()
             # Both lanes share a seed; repeat r uses seed + r, so at temperature > 0 the median
-            # covers N different samples (the same seeds scripts/bench.py uses per repeat).
+            # covers N different samples (the same seeds scripts/bench/bench.py uses per repeat).
             run_params = replace(params, seed=params.seed + run)
             lanes[:] = [
                 TimedLane("ar", self.host.stream("ar", run_params, ids, stop=stop, source="race"), record=record),
