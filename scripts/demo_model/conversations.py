@@ -403,16 +403,7 @@ def build(out_dir, seed=0, eval_frac=0.004, long_frac=0.04, tools_frac=0.08, thi
                 msgs[-1]["reasoning_content"] = think_for(last)
         text, spans = render_doc(render, msgs, tools, thinking, check=len(docs) % 200 == 0)
         docs.append({"kind": kind, "text": text, "spans": spans})
-    for p in prose:
-        docs.append({"kind": "prose", "text": p["text"], "spans": [[0, len(p["text"])]]})
-    rng.shuffle(docs)
-    with open(out / "docs.jsonl", "w") as f:
-        for d in docs:
-            f.write(json.dumps(d) + "\n")
-    with open(out / "eval_prompts.jsonl", "w") as f:
-        for d in eval_set:
-            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
-    write_tools_eval(out / "tools_eval.jsonl", wn, sorted(tool_words), rng)
+    write_corpus(out, docs, prose, eval_set, wn, tool_words, rng)
     # the held-out prompts as bench.py --prompts-file reads them (committed with the scripts)
     (HERE / "heldout_prompts.txt").write_text("".join(d["messages"][0].replace("\n", " ") + "\n" for d in eval_set))
     stats = {"exchanges": n_all, "held_out_topics_removed": removed, "train_exchanges": len(train),
@@ -426,6 +417,21 @@ def build(out_dir, seed=0, eval_frac=0.004, long_frac=0.04, tools_frac=0.08, thi
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     print(json.dumps(stats, indent=1))
     return stats
+
+
+def write_corpus(out, docs, prose, eval_set, wn, tool_words, rng):
+    """The prose joins the conversations, all shuffled, into docs.jsonl; the held-out prompts
+    into eval_prompts.jsonl and the tool evaluation into tools_eval.jsonl (v2's and v3's alike)."""
+    for p in prose:
+        docs.append({"kind": "prose", "text": p["text"], "spans": [[0, len(p["text"])]]})
+    rng.shuffle(docs)
+    with open(out / "docs.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps(d) + "\n")
+    with open(out / "eval_prompts.jsonl", "w") as f:
+        for d in eval_set:
+            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
+    write_tools_eval(out / "tools_eval.jsonl", wn, sorted(tool_words), rng)
 
 
 def write_tools_eval(path, wn, words, rng):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -163,16 +162,7 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
         if last is None or len(msgs) < 2:
             break
         emit("long", msgs, None, rng.random() < THINK_FRAC, last)
-    for p in prose:
-        docs.append({"kind": "prose", "text": p["text"], "spans": [[0, len(p["text"])]]})
-    rng.shuffle(docs)
-    with open(out / "docs.jsonl", "w") as f:
-        for d in docs:
-            f.write(json.dumps(d) + "\n")
-    with open(out / "eval_prompts.jsonl", "w") as f:
-        for d in eval_set:
-            f.write(json.dumps({"kind": d["kind"], "prompt": d["messages"][0], "reference": d["messages"][1]}) + "\n")
-    C.write_tools_eval(out / "tools_eval.jsonl", wn, sorted(tool_words), rng)
+    C.write_corpus(out, docs, prose, eval_set, wn, tool_words, rng)
     unused = sum(1 for _ in q3), sum(1 for _ in q2)
     chars = Counter()
     for d in docs:

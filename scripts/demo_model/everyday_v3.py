@@ -68,19 +68,10 @@ def _freq_copies(freq, lo=1, hi=3):
 def capitals(rng, syn, idx, exclude, copies=4):
     nc = idx[("national_capital", "n")]["synsets"][0]
     out = []
-    for key, s in sorted(syn.items()):
-        if not any(p[0] == "@i" and (p[1], "n") == nc for p in s["ptrs"]):
-            continue
-        m = next((re.match(r"capital of (.+)", _w(x)) for x in s["words"] if _w(x).startswith("capital of ")), None)
-        m = m or re.search(r"\bcapital (?:and largest city )?of ((?:the )?[A-Z][A-Za-z]+(?: (?:and )?[A-Z][A-Za-z]+)*)",
-                           s["def"])
-        names = [x for x in (_w(x) for x in s["words"]) if not x.lower().startswith("capital of")
-                 and not re.search(r"\b(capital|city)\b", x, re.I)]
-        if not m or not names or m.group(1).startswith("the Republic"):
-            continue
-        info = idx.get((m.group(1).removeprefix("the ").replace(" ", "_").lower(), "n"))
+    for key, s, named, names in H.national_capitals(syn, nc):
+        info = idx.get((named.removeprefix("the ").replace(" ", "_").lower(), "n"))
         ck = next((k for k in (info or {}).get("synsets", []) if H._is_country(syn, k)), None)
-        country = _w(syn[ck]["words"][0]) if ck else m.group(1)
+        country = _w(syn[ck]["words"][0]) if ck else named
         city = names[0]
         for q in rng.sample(CAP_Q, copies):
             ans = f"The capital of {country} is {city}."

@@ -224,19 +224,7 @@ def kinds(rng, syn, idx, n):
 def capitals(rng, syn, idx, n):
     nc = idx[("national_capital", "n")]["synsets"][0]
     pool = {}
-    for key, s in sorted(syn.items()):
-        if not any(p[0] == "@i" and (p[1], "n") == nc for p in s["ptrs"]):
-            continue
-        # the country: from a lemma "capital_of_Spain" (Madrid's gloss only says "situated
-        # centrally in Spain"), else from the gloss ("the capital and largest city of Namibia")
-        m = next((re.match(r"capital of (.+)", _w(x)) for x in s["words"] if _w(x).startswith("capital of ")), None)
-        m = m or re.search(r"\bcapital (?:and largest city )?of ((?:the )?[A-Z][A-Za-z]+(?: (?:and )?[A-Z][A-Za-z]+)*)",
-                           s["def"])
-        names = [x for x in (_w(x) for x in s["words"]) if not x.lower().startswith("capital of")
-                 and not re.search(r"\b(capital|city)\b", x, re.I)]
-        if not m or not names or m.group(1).startswith("the Republic"):
-            continue
-        country = m.group(1)
+    for key, s, country, names in national_capitals(syn, nc):
         if any(n.lower() in country.lower() or country.lower() in n.lower() for n in names):
             continue  # Djibouti, Djibouti: the question would hold its answer
         c_lemma = country.removeprefix("the ").replace(" ", "_")
@@ -255,6 +243,23 @@ def capitals(rng, syn, idx, n):
         # the issue's own example ("The capital of 200 is 2."): always in the set
         out.insert(0, _capital_item(rng, "Spain", *pool["Spain"], all_caps))
     return out[:n]
+
+
+def national_capitals(syn, nc):
+    """(synset key, synset, the country as WordNet words it, the city's names) of each national
+    capital (an instance of `nc`) whose country can be read off its lemmas or gloss."""
+    for key, s in sorted(syn.items()):
+        if not any(p[0] == "@i" and (p[1], "n") == nc for p in s["ptrs"]):
+            continue
+        # the country: from a lemma "capital_of_Spain" (Madrid's gloss only says "situated
+        # centrally in Spain"), else from the gloss ("the capital and largest city of Namibia")
+        m = next((re.match(r"capital of (.+)", _w(x)) for x in s["words"] if _w(x).startswith("capital of ")), None)
+        m = m or re.search(r"\bcapital (?:and largest city )?of ((?:the )?[A-Z][A-Za-z]+(?: (?:and )?[A-Z][A-Za-z]+)*)",
+                           s["def"])
+        names = [x for x in (_w(x) for x in s["words"]) if not x.lower().startswith("capital of")
+                 and not re.search(r"\b(capital|city)\b", x, re.I)]
+        if m and names and not m.group(1).startswith("the Republic"):
+            yield key, s, m.group(1), names
 
 
 def _is_country(syn, key):
