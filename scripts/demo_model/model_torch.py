@@ -157,10 +157,7 @@ def generate(model, prompts, temp, top_k=20, top_p=0.95, max_new=128, batch=128,
         seqs = [list(p) for p in chunk]
         done = [False] * len(seqs)
         for _ in range(max_new):
-            L = max(len(x) for x in seqs)
-            ids = torch.full((len(seqs), L), PAD, dtype=torch.long, device=dev)
-            for j, x in enumerate(seqs):
-                ids[j, : len(x)] = torch.tensor(x, device=dev)
+            ids = padded(seqs, dev)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 logits, _ = model.trunk(ids)
             last = torch.tensor([len(x) - 1 for x in seqs], device=dev)
@@ -178,6 +175,15 @@ def generate(model, prompts, temp, top_k=20, top_p=0.95, max_new=128, batch=128,
     return replies
 
 
+def padded(seqs, dev):
+    """Token lists as one [B, longest] batch, PAD after each (the trunk is causal: padding after
+    a sequence never reaches its positions)."""
+    ids = torch.full((len(seqs), max(len(x) for x in seqs)), PAD, dtype=torch.long, device=dev)
+    for j, x in enumerate(seqs):
+        ids[j, : len(x)] = torch.tensor(x, device=dev)
+    return ids
+
+
 @torch.no_grad()
 def acceptance(model, prompts, replies, temp, depth=3, top_k=20, top_p=0.95, batch=64, kinds=None):
     """Per-depth mean over reply positions of sum_x min(p(x), q(x)) (teacher-forced on the
@@ -189,16 +195,13 @@ def acceptance(model, prompts, replies, temp, depth=3, top_k=20, top_p=0.95, bat
     for s in range(0, len(prompts), batch):
         P, R = prompts[s: s + batch], replies[s: s + batch]
         seqs = [list(p) + list(r) for p, r in zip(P, R)]
-        L = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), L), PAD, dtype=torch.long, device=dev)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)] = torch.tensor(x, device=dev)
+        ids = padded(seqs, dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits, hidden = model.trunk(ids)
             qs = model.mtp_chain(hidden, ids, depth)
         for d in range(1, depth + 1):
             # item i predicts token i+1+d; p = trunk logits at i+d
-            N = L - 1
+            N = ids.shape[1] - 1
             q = filter_probs(qs[d - 1][:, : N - d], temp, top_k, top_p)
             p = filter_probs(logits[:, d: N], temp, top_k, top_p)
             acc = torch.minimum(p, q).sum(-1)  # [B, N-d]
