@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     # path; on CUDA around the kernels), and the adapter's own CUDA / Metal kernels. Off: MLX's own ops.
     compiled: bool = True
     gpu_kernels: bool = True
+    # The fused CUDA kernels (a Gated-DeltaNet layer's middle in one launch, the few-row attention):
+    # None = the backend's default (adapters/qwen3_5/backends.py), True / False to force them.
+    gpu_fused: Optional[bool] = None
     # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
     # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps

@@ -257,24 +257,39 @@ def test_few_and_long_runners():
 
 def test_a_failed_kernel_check_falls_back_and_says_so(monkeypatch):
     said = []
-    monkeypatch.setattr(backends, "_verdict", lambda backend: "it broke")
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: "it broke")
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, log=said.append)
     assert b.name == "mlx" and "cuda kernels failed their check: it broke" in b.note
     assert said == ["GPU kernels off (cuda: it broke); using MLX's own path."]
-    monkeypatch.setattr(backends, "_verdict", lambda backend: None)
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
     assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True).name == "cuda-kernels"
     assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, gpu_kernels=False).name == "mlx"
+
+
+def test_the_fused_kernels_are_forced_by_the_setting_and_checked_as_chosen(monkeypatch):
+    """MTP_CHAT_GPU_FUSED=1 / 0 turns both fused CUDA kernels on / off whatever the default; the
+    load-time check runs on exactly the kernels that will decode."""
+    asked = []
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: asked.append((backend, fused)))
+    for fused, want in ((True, (True, True)), (False, (False, False)),
+                        (None, (backends.FUSED_GDN, backends.FUSED_ATTENTION))):
+        b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, compiled=False, fused=fused)
+        assert (b.few.fused_gdn, b.few.fused_attention) == want and asked[-1] == ("cuda", want)
+    from adapters.options import LoadOptions
+    from core.settings import Settings
+    assert LoadOptions.from_settings(Settings(gpu_fused=True)).gpu_fused is True
+    assert LoadOptions.from_settings(Settings()).gpu_fused is None
 
 
 def test_every_gpu_few_runner_attends_row_by_row(monkeypatch):
     """On a GPU a verify's attention must compute each row as the decode step does (issue 20):
     whichever backend is chosen there, its few-token runner is row-invariant; the CPU's are not
     asked to be (greedy parity holds there without it) and prefill never is."""
-    monkeypatch.setattr(backends, "_verdict", lambda backend: None)
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
     for kw in (dict(cuda=True), dict(cuda=True, gpu_kernels=False), dict(cuda=False)):
         b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, **kw)
         assert b.few.row_invariant and not b.long.row_invariant, (kw, b.name)
-    monkeypatch.setattr(backends, "_verdict", lambda backend: "it broke")
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: "it broke")
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, log=lambda m: None)
     assert b.name == "mlx" and b.few.row_invariant
     for dtype in ("float32", "native"):
@@ -393,7 +408,7 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
     monkeypatch.setattr(kernel_cache, "_folder", str(folder))
     monkeypatch.setattr(backends, "_checked_once", set())
 
-    def compiles(backend):
+    def compiles(backend, *fused):
         (folder / "qmm.ptx").write_text("x")
         return None
 

@@ -76,31 +76,33 @@ FUSED_ATTENTION = False
 
 
 @lru_cache(maxsize=None)
-def _verdict(backend: str) -> Optional[str]:
-    return kernels.self_check(backend, fused_gdn=FUSED_GDN, fused_attention=FUSED_ATTENTION)
+def _verdict(backend: str, fused_gdn: bool, fused_attention: bool) -> Optional[str]:
+    return kernels.self_check(backend, fused_gdn=fused_gdn, fused_attention=fused_attention)
 
 
 _checked_once: set = set()
 
 
-def _checked(backend: str) -> Tuple[Optional[str], str]:
-    """The kernels' self-check (once a process) and what to say of it: how long it took and
-    whether it compiled (MLX CUDA keeps compiled kernels in adapters/kernel_cache.py's folder)."""
-    if backend in _checked_once:
-        return _verdict(backend), f"{backend} kernels checked earlier in this process"
+def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str]:
+    """The kernels' self-check (once a process for each choice of fused kernels) and what to say
+    of it: how long it took and whether it compiled (MLX CUDA keeps compiled kernels in
+    adapters/kernel_cache.py's folder)."""
+    if (backend, fused) in _checked_once:
+        return _verdict(backend, *fused), f"{backend} kernels checked earlier in this process"
     folder = kernel_cache.folder() if backend == "cuda" else None
     before, t0 = kernel_cache.entries(folder), time.perf_counter()
-    why = _verdict(backend)
+    why = _verdict(backend, *fused)
     seconds, compiled = time.perf_counter() - t0, kernel_cache.entries(folder) - before
-    _checked_once.add(backend)
+    _checked_once.add((backend, fused))
     where = f" (compiled kernels kept in {folder})" if folder else ""
     how = f"compiled {compiled} kernel(s) and checked them" if compiled > 0 else "checked"
     return why, f"{backend} kernels {how} in {seconds:.1f} s{where}"
 
 
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
-           device=None, cuda: Optional[bool] = None, log=None) -> Backend:
-    """The backend for a model whose attention layers use `ropes`, decided once at load."""
+           fused: Optional[bool] = None, device=None, cuda: Optional[bool] = None, log=None) -> Backend:
+    """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
+    forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     on_cpu = device == mx.cpu
@@ -115,10 +117,12 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         return Backend("mlx", long, long, note=f"compiled CPU path off: {why}")
     kb = kernel_backend(device, cuda, gpu_kernels)
     if kb is not None:
-        why, said = _checked(kb)
+        on = (FUSED_GDN, FUSED_ATTENTION) if fused is None else (fused, fused)
+        on = on if kb == "cuda" else (False, False)
+        why, said = _checked(kb, on)
         if why is None:
             runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
-            few = runner(kb, fused_gdn=FUSED_GDN, fused_attention=FUSED_ATTENTION)
+            few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
             return Backend(f"{kb}-kernels", few, MlxOps(), note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")

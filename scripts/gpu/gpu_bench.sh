@@ -16,6 +16,8 @@
 #          positions together == one at a time, its time vs the ops path; then the profile's fused-gdn variant
 #   attention  scripts/gpu/gpu_attention.py: the few-row attention kernel against its reference at 64 / 2k / 8k / 32k
 #          keys, rows together == alone; then the profile's all-kernels variant
+#   kernels  fused_gdn's and attention's checks, then one profile of default / fused-gdn / all-kernels /
+#          batched-attn; OUT_DIR/fused_ok when both kernels pass (MTP_CHAT_GPU_FUSED=1 then runs them)
 #   check  scripts/gpu/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
 #   d1 d2 d3  scripts/bench/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
@@ -45,14 +47,14 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *agent* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
 bench() { run $PY scripts/bench/bench.py "$@" 2>&1 | grep -v "regex pattern" | tail -n 25; }
 for stage in $STAGES; do
   case $stage in
-    exact) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" \
+    exact) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" --parity-context 8192 \
              --context 64 --context 2048 --context 8192 --context 32768 ;;
     exact_demo) run $PY scripts/gpu/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
     check) run $PY scripts/gpu/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
@@ -63,6 +65,11 @@ for stage in $STAGES; do
     fused_gdn) run $PY scripts/gpu/gpu_fused_gdn.py --model "$CKPT" --json "$OUT/fused_gdn.json" \
                  && run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default fused-gdn --repeats 2 \
                       --json "$OUT/profile_fused_gdn.json" 2>&1 | grep -v "regex pattern" ;;
+    kernels) rm -f "$OUT/fused_ok"
+             run $PY scripts/gpu/gpu_fused_gdn.py --model "$CKPT" --json "$OUT/fused_gdn.json" \
+               && run $PY scripts/gpu/gpu_attention.py --json "$OUT/attention.json" && touch "$OUT/fused_ok"
+             run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default fused-gdn all-kernels batched-attn \
+               --repeats 2 --json "$OUT/profile_kernels.json" 2>&1 | grep -v "regex pattern" ;;
     profile) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default eager mlx-qmv --repeats 2 \
                --json "$OUT/profile.json" 2>&1 | grep -v "regex pattern" ;;
     d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;

@@ -48,20 +48,23 @@ def first_difference(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def greedy_parity(ad, tokens: int, depths, fails: list) -> list:
+def greedy_parity(ad, tokens: int, depths, fails: list, context: int = 0) -> list:
+    """Greedy AR and MTP at each depth on every prompt; with `context`, each prompt comes after
+    filler text to about that many tokens (a long chat's decode, where attention reads far back)."""
     rows = []
     for text in PROMPTS:
-        prompt = chat_prompt(ad, [{"role": "user", "content": text}])
+        prompt = padded_chat_prompt(ad, text, context) if context else chat_prompt(ad, [{"role": "user", "content": text}])
         ar, st = AutoregressiveDecoder(ad, sampler=GREEDY).generate(prompt, max_tokens=tokens)
-        row = {"prompt": text, "ar_tokens": len(ar), "ar_tok_s": st.tokens_per_second, "mtp": {}}
+        row = {"prompt": text, "context": len(prompt) if context else None, "ar_tokens": len(ar),
+               "ar_tok_s": st.tokens_per_second, "mtp": {}}
         for d in depths:
             mtp, sm = SpeculativeDecoder(ad, sampler=GREEDY, depth=d).generate(prompt, max_tokens=tokens)
             diff = first_difference(ar, mtp)
             row["mtp"][str(d)] = {"identical": diff is None, "first_difference": diff, "tokens": len(mtp),
                                   "tok_s": sm.tokens_per_second, "acceptance": sm.acceptance_rate}
             if diff is not None:
-                fails.append(f"greedy MTP depth {d} != AR on {text!r} (first difference at token {diff})")
-        log(f"{text[:30]!r}: AR {len(ar)} tok; " + ", ".join(
+                fails.append(f"greedy MTP depth {d} != AR on {text!r} at context {context} (first difference at token {diff})")
+        log(f"{text[:30]!r} (context {context}): AR {len(ar)} tok; " + ", ".join(
             f"d{d} {'=' if r['identical'] else '!= at ' + str(r['first_difference'])}" for d, r in row["mtp"].items()))
         rows.append(row)
     return rows
@@ -186,6 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--sample-budget", type=float, default=60.0)
     ap.add_argument("--context", type=int, action="append", help="verify costs at this context (repeatable)")
+    ap.add_argument("--parity-context", type=int, action="append",
+                    help="greedy parity again with each prompt padded to this many tokens (repeatable)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["parity", "prefix", "sampled", "costs"])
     a = ap.parse_args(argv)
     ad = load_adapter(a.model)
@@ -195,6 +200,7 @@ def main(argv=None) -> int:
               "mlx": mx.__version__, "device": str(mx.default_device()), "tokens": a.tokens}
     fails: list = []
     steps = [("parity", lambda: greedy_parity(ad, a.tokens, a.depths, fails)),
+             *((f"parity_{c}", lambda c=c: greedy_parity(ad, a.tokens, a.depths, fails, c)) for c in a.parity_context or []),
              ("prefix", lambda: through_prefix_cache(ad, min(a.tokens, 128), fails)),
              ("sampled", lambda: sampled(ad, fails, a.samples, a.sample_budget)),
              ("costs", lambda: [verify_costs(ad, c) for c in (a.context or [64])])]
