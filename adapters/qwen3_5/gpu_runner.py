@@ -53,8 +53,8 @@ class GpuKernels(MlxOps):
         super().__init__(row_invariant=True)
         self.backend = backend  # "cuda" | "metal"
         self.row_kernel = row_kernel and backend == "cuda"
-        # kernels/gdn_fused.py and kernels/cuda_attention.py: off until measured on a GPU
-        # (scripts/gpu/gpu_fused_gdn.py and scripts/gpu/gpu_attention.py check them)
+        # kernels/gdn_fused.py and kernels/cuda_attention.py (backends.FUSED_GDN / FUSED_ATTENTION
+        # say whether a load turns them on; scripts/gpu/gpu_fused_gdn.py and gpu_attention.py check them)
         self.fused_gdn = fused_gdn and self.row_kernel
         self.fused_attention = fused_attention and backend == "cuda"
         self._fused: Dict[tuple, Optional[_Fused]] = {}

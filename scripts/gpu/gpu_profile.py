@@ -51,7 +51,7 @@ from adapters.kernels import cuda_qmm  # noqa: E402
 from adapters.qwen3_5 import backends, mlx_ops  # noqa: E402
 from core import AutoregressiveDecoder, Prompt, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.stream import prefill  # noqa: E402
-from scripts.gpu.gpu_exact import forward_and_commit, forward_seconds  # noqa: E402
+from scripts.gpu.gpu_exact import forward_and_commit, forward_seconds, synced_seconds  # noqa: E402
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
@@ -126,9 +126,49 @@ def step_costs(ad, ids) -> tuple:
     return {str(w): s * 1e3 for w, s in secs.items()}, sizes
 
 
-def lane(decoder, ids, tokens):
+def head_costs(ad, ids) -> dict:
+    """The MTP head's draft step in parts, each synchronised (ms, median of 20 after 3 warm-ups):
+    its layer alone, with the output projection, with a greedy draw, with the default sampler's
+    draw; the output projection alone; then the full step's primitives and host build time.
+    Each run appends one position to the head's history, as a cycle's first step does."""
+    cache, sampler = ad.make_cache(), SamplerConfig()
+    draft = ad.make_draft(cache)
+    h = prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, draft, None).hidden
+    t = mx.array([ids[-1:]], dtype=mx.int32)
+    g = ad.mtp_forward(h, t, draft)
+    mx.eval(g)
+    parts = {"head_layer": lambda: ad.mtp_forward(h, t, draft),
+             "head_layer_lm_head": lambda: ad.draft_step(draft, cache, h, t)[1],
+             "greedy_draw": lambda: mx.argmax(ad.draft_step(draft, cache, h, t)[1], axis=-1),
+             "default_sampler_draw": lambda: sampler.draw(ad.draft_step(draft, cache, h, t)[1], mx.random.key(1))[0],
+             "lm_head_alone": lambda: ad.lm_head(g)}
+    out = {name: synced_seconds(fn) * 1e3 for name, fn in parts.items()}
+    builds, dot = [], Path("/tmp/mtp_chat_head.dot")
+    for r in range(7):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        y = mx.argmax(ad.draft_step(draft, cache, h, t)[1], axis=-1)
+        builds.append(time.perf_counter() - t0)
+        if r == 0:
+            mx.export_to_dot(str(dot), y)
+            out["primitives"] = dot.read_text().count("shape=rectangle")
+        mx.eval(y)
+    out["build_ms"] = statistics.median(builds[1:]) * 1e3
+    return out
+
+
+def lane(decoder, ids, tokens, waterfalls=None):
     out, stats = decoder.generate(ids, max_tokens=tokens)
+    if waterfalls is not None:
+        waterfalls.append(stats.waterfall)
     return list(out), stats.tokens_per_second
+
+
+def shares(waterfalls) -> dict:
+    """The lanes' waterfalls summed: each part's share of the decode time."""
+    total = {k: sum(w.get(k, 0.0) for w in waterfalls) for k in (waterfalls[0] if waterfalls else {})}
+    whole = sum(v for k, v in total.items() if k != "prefill") or 1.0
+    return {k: v / whole for k, v in total.items() if k != "prefill"}
 
 
 def mlx_lm_tok_s(ad, ids, tokens) -> float:
@@ -163,15 +203,18 @@ def main(argv=None) -> int:
             lane(SpeculativeDecoder(ad, sampler=GREEDY, depth=2), ids, 16)
             mlx_lm_tok_s(ad, ids, 16)
             costs, sizes = step_costs(ad, ids)
-            ar, mtp, ref = [], [], []
+            head = head_costs(ad, ids)
+            ar, mtp, ref, wf_ar, wf_mtp = [], [], [], [], []
             for _ in range(a.repeats):
-                ar_ids, s = lane(AutoregressiveDecoder(ad, sampler=GREEDY), ids, a.tokens)
+                ar_ids, s = lane(AutoregressiveDecoder(ad, sampler=GREEDY), ids, a.tokens, wf_ar)
                 ar.append(s)
-                mtp_ids, s = lane(SpeculativeDecoder(ad, sampler=GREEDY, depth=2), ids, a.tokens)
+                mtp_ids, s = lane(SpeculativeDecoder(ad, sampler=GREEDY, depth=2), ids, a.tokens, wf_mtp)
                 mtp.append(s)
                 ref.append(mlx_lm_tok_s(ad, ids, a.tokens))
             row = {"forward_ms": costs, "verify_in_steps": {w: v / costs["1"] for w, v in costs.items()},
-                   "graph": sizes,
+                   "graph": sizes, "head_ms": head, "head_in_steps": {k: v / costs["1"] for k, v in head.items()
+                                                                     if k not in ("primitives", "build_ms")},
+                   "waterfall_shares": {"ar": shares(wf_ar), "mtp_d2": shares(wf_mtp)},
                    "ar_tok_s": statistics.median(ar), "mtp_d2_tok_s": statistics.median(mtp),
                    "mlx_lm_tok_s": statistics.median(ref),
                    "ar_vs_mlx_lm": statistics.median(x / y for x, y in zip(ar, ref)),
