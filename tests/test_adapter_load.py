@@ -174,6 +174,17 @@ def test_head_in_native_dtype_matches_reference(tiny_checkpoint, opts):
     assert max_diff(ours, theirs) <= RTOL_NATIVE * scale
 
 
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_a_bf16_heads_activations_stay_bf16(tiny_checkpoint, zero_centered):
+    """The head computes in the trunk's dtype: a norm folded in fp32 made every activation after it
+    fp32, and on a GPU its linears and the lm_head left the bf16 kernels (3.1 ms a draft step)."""
+    adapter = load_adapter(tiny_checkpoint(dtype="bfloat16", zero_centered_norms=zero_centered), compute_dtype="native")
+    x = _tokens(6, adapter.contract.vocab_size)
+    logits, hidden, _ = adapter.forward(x[:, :4], adapter.make_cache())
+    g, draft_logits = adapter.draft_step(adapter.make_draft(None), None, hidden[:, -1:], x[:, 4:5])
+    assert (hidden.dtype, logits.dtype, g.dtype, draft_logits.dtype) == (mx.bfloat16,) * 4
+
+
 def test_fp32_compute_dequantizes_head_and_trunk(tiny_checkpoint):
     adapter = load_adapter(tiny_checkpoint(quantize_fc=True), compute_dtype="float32")
     from mlx.utils import tree_flatten

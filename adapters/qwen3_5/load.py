@@ -49,6 +49,20 @@ class Family:
 DEFAULT_CONCAT_ORDER = "embedding_hidden"
 
 
+def head_in_trunk_dtype(head, projection) -> None:
+    """Cast the head's floating parameters to the dtype the output projection computes in.
+
+    Why: zero-centred norms are folded in fp32 (build_mtp_head), and one fp32 weight makes every
+    activation after it fp32: on a bf16 model the head's linears and the lm_head then left the
+    GPU's bf16 kernels, and a draft step cost 3.1 ms against the trunk's whole 6.2 ms step on the
+    H200 (docs/bench/2026-12-02/GPU.md, section 4). The values round as mlx-lm's own fold
+    (`v + 1.0` in the stored dtype) rounds the trunk's norms."""
+    ref = projection.get("scales") if "scales" in projection else projection.get("weight")
+    if ref is not None and mx.issubdtype(ref.dtype, mx.floating):
+        head.set_dtype(ref.dtype)
+        mx.eval(head.parameters())
+
+
 def _unreadable_trunk_file(path: Path) -> Optional[Path]:
     """The first model*.safetensors whose header mlx cannot read (mx.load reads headers, data lazily)."""
     for f in sidecar.shard_files(path):
@@ -203,6 +217,8 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
             if mx.default_device() == mx.cpu:
                 to_row_major(module)
         mx.eval(model.parameters(), head.parameters())
+    else:
+        head_in_trunk_dtype(head, inner.embed_tokens if tied else output)
 
     ropes = [l.self_attn.rope for l in inner.layers if not l.is_linear and not isinstance(l, Elsewhere)]
     ropes.append(head.layers[0].self_attn.rope)
