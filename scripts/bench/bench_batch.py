@@ -66,11 +66,12 @@ def decoder(adapter, mode, depth):
 
 
 def alone(adapter, mode, depth, p, max_tokens):
-    """tokens/s of one request decoded by its lane alone (prefill included), and its tokens."""
+    """tokens/s of one request decoded by its lane alone (prefill included), its token count and
+    its tokens."""
     t0 = time.perf_counter()
     ids, _ = decoder(adapter, mode, depth).generate(p, max_tokens=max_tokens)
     mx.synchronize()
-    return len(ids) / (time.perf_counter() - t0), len(ids)
+    return len(ids) / (time.perf_counter() - t0), len(ids), list(ids)
 
 
 def one_vs_lane(adapter, mode, depth, p, max_tokens, repeats):
@@ -88,7 +89,7 @@ def one_vs_lane(adapter, mode, depth, p, max_tokens, repeats):
 def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
     """Decode prompts `ps` together (at most max_batch at once, the rest join as others leave)."""
     batch, waiting, done = Batch(adapter), list(range(len(ps))), {}
-    joined, tokens, steps = {}, {}, 0
+    joined, tokens, steps, ids = {}, {}, 0, {}
     t0 = time.perf_counter()
     while waiting or batch.running:
         steps += 1
@@ -98,11 +99,12 @@ def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
             s = Sequence(decoder(adapter, mode, depth), ps[i], max_tokens)
             s.i = i
             ev = batch.join(s)
-            tokens[i] = len(ev.tokens)
+            tokens[i], ids[i] = len(ev.tokens), list(ev.tokens)
             if ev.finished:
                 done[i] = time.perf_counter()
         for s, ev in batch.step().items():
             tokens[s.i] += len(ev.tokens)
+            ids[s.i] += list(ev.tokens)
             if ev.finished:
                 done[s.i] = time.perf_counter()
     wall = time.perf_counter() - t0
@@ -110,7 +112,7 @@ def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
     return {"requests": len(ps), "tokens": sum(tokens.values()), "wall_s": round(wall, 3), "steps": steps,
             "ms_per_step": round(wall / steps * 1e3, 2),
             "aggregate_tok_s": round(sum(tokens.values()) / wall, 2), "per_request_tok_s": [round(x, 2) for x in per],
-            "per_request_tokens": [tokens[i] for i in range(len(ps))]}
+            "per_request_tokens": [tokens[i] for i in range(len(ps))], "ids": [ids[i] for i in range(len(ps))]}
 
 
 def newcomer(adapter, mode, depth, ps, max_tokens, chunk):
@@ -234,13 +236,16 @@ def main():
         for B in a.requests:
             r = run(adapter, mode, a.depth, ps[:B], a.tokens)
             r["per_request_vs_alone"] = [round(x / y[0], 3) for x, y in zip(r["per_request_tok_s"], solo)]
+            # Greedy: each reply in the batch must be its reply alone, token for token.
+            r["per_request_equals_alone"] = [got == y[2] for got, y in zip(r.pop("ids"), solo)]
             rows[B] = r
             print(f"{mode} B={B}: {r['aggregate_tok_s']} tok/s aggregate, lowest ratio to alone "
-                  f"{min(r['per_request_vs_alone'])}", flush=True)
+                  f"{min(r['per_request_vs_alone'])}, replies equal alone {sum(r['per_request_equals_alone'])}/{B}",
+                  flush=True)
         if 1 in rows:
             for B in rows:
                 rows[B]["aggregate_vs_1"] = round(rows[B]["aggregate_tok_s"] / rows[1]["aggregate_tok_s"], 3)
-        lane = {"alone_tok_s": [round(x, 2) for x, _ in solo], "alone_tokens": [n for _, n in solo],
+        lane = {"alone_tok_s": [round(x[0], 2) for x in solo], "alone_tokens": [x[1] for x in solo],
                 "by_batch": rows}
         if 1 in rows:
             lane["batch_of_one_vs_alone"] = rows[1]["per_request_vs_alone"][0]
@@ -262,7 +267,8 @@ def main():
         out["streams_mtp"] = {"requests": a.streams, "max_tokens": a.stream_tokens,
                               "one_at_a_time_s": one["wall_s"], "batched_8_s": eight["wall_s"],
                               "tokens": [one["tokens"], eight["tokens"]],
-                              "ratio": round(eight["wall_s"] / one["wall_s"], 3)}
+                              "ratio": round(eight["wall_s"] / one["wall_s"], 3),
+                              "replies_equal": one["ids"] == eight["ids"]}
         print(json.dumps(out["streams_mtp"]), flush=True)
     out["seconds"] = round(time.perf_counter() - t_start, 1)
     # Others' work on the machine shows here (a 2-core CPU shared by several people's jobs).

@@ -23,6 +23,9 @@
 #   d1 d2 d3  scripts/bench/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
 #   base   the same at depth 2 with the kernels off (MTP_CHAT_GPU_KERNELS=0)
 #   demo   the bundled demo model (real acceptance), depth 2, T=0.6
+#   demo_depths  the demo model at depths 1-3, T=0 and T=0.6 (-> OUT_DIR/demo_t{0,0.6}_d{1,2,3}.json)
+#   batch  scripts/bench/bench_batch.py on the 9B shape: 1, 2, 4 concurrent requests, AR and MTP depth 2,
+#          each reply against itself alone, aggregate tok/s
 #   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
 #   agent  scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
 #          of tool calls and results of 200-2,000 tokens through /v1/messages, warm and with a restart
@@ -47,7 +50,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -76,6 +79,11 @@ for stage in $STAGES; do
     base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;
     demo) bench --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 \
             --repeats 5 --json "$OUT/demo.json" ;;
+    demo_depths) for t in 0 0.6; do for d in 1 2 3; do
+                   bench --model models/demo --depth "$d" --temperature "$t" --top-p 0.95 --top-k 20 --max-tokens 128 \
+                     --repeats 3 --json "$OUT/demo_t${t}_d$d.json"; done; done ;;
+    batch) run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --long-prompt 0 \
+             --streams 0 --json "$OUT/batch_9b.json" 2>&1 | grep -v "regex pattern" | tail -n 30 ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
     agent) run $PY scripts/bench/agent_session.py --model "$CKPT" --system-tokens 20000 \
