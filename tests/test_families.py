@@ -296,6 +296,7 @@ def test_the_start_up_banner_names_the_family_and_the_backend(tiny_checkpoint, f
             page = r.read().decode()
     assert f"{family}, 4 experts" in page and "backend cpu-compiled" in page  # the page's banner
     assert "greedy MTP = AR " in page and "on this machine" in page            # and what it measured
+    assert "Memory:" in page and "per token of context" in page and "per token of context" in host.memory
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -142,6 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     print(f"mtp-chat: model: {host_model.description}", flush=True)
     print(f"mtp-chat: exactness: {host_model.exactness}", flush=True)
+    print(f"mtp-chat: memory: {host_model.memory}", flush=True)
     if group is not None:
         for line in distributed.banner(host_model.adapter):
             say(line)

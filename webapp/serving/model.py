@@ -72,6 +72,7 @@ class ModelHost:
                                             prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)),
                                             on_step=self.metrics.batch)
         self._exactness: Optional[str] = None
+        self._memory: Optional[str] = None
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log,
                                        max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
@@ -90,6 +91,19 @@ class ModelHost:
             except Exception as exc:  # noqa: BLE001 - a probe failure must not stop the app
                 self._exactness = f"not measured ({type(exc).__name__}: {exc})"
         return self._exactness
+
+    @property
+    def memory(self) -> str:
+        """What a conversation's caches cost (core/memory.py), measured on the model thread the
+        first time it is asked for (the start-up banner)."""
+        if self._memory is None:
+            from core.memory import footprint
+
+            try:
+                self._memory = self.worker.call(lambda: footprint(self.adapter).describe(self.context_length))
+            except Exception as exc:  # noqa: BLE001 - a probe failure must not stop the app
+                self._memory = f"not measured ({type(exc).__name__}: {exc})"
+        return self._memory
 
     def _disk_cache(self, log: Callable[[str], None]):
         """The prefix cache's disk store (settings cache_dir, disk_cache_mb, disk_cache_ttl_hours),

@@ -91,7 +91,8 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
         gr.HTML(f"<div id='banner-body'><h3 style='margin:0 0 4px 0'>mtp-chat — multi-token-prediction "
                 f"speculative decoding</h3><div class='mtp-banner'><b>Model:</b> {esc(host.description)}</div>"
                 f"<div class='mtp-banner'><b>Runtime:</b> {esc(runtime)}</div>"
-                f"<div class='mtp-banner'><b>Exactness:</b> {esc(host.exactness)}</div></div>", elem_id="banner")
+                f"<div class='mtp-banner'><b>Exactness:</b> {esc(host.exactness)}</div>"
+                f"<div class='mtp-banner'><b>Memory:</b> {esc(host.memory)}</div></div>", elem_id="banner")
         saved = gr.BrowserState([], storage_key=HISTORY_KEY)
 
         with gr.Sidebar(label="Sampler", open=True, position="right", elem_id="sampler-panel"):
