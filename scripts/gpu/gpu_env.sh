@@ -1,22 +1,32 @@
-# Source this on the GPU machine (no network) to get MLX CUDA from carried wheels:
+# Source this on the GPU machine (no network) to get MLX CUDA and the web stack from carried wheels:
 #   source scripts/gpu/gpu_env.sh DIR...   (folders holding *.whl files and/or cuda.part* pieces)
-# mlx-cuda-13's 90 MB wheel travels split (`split -b 46000000`): the pieces are joined in the order
-# of their names from every DIR given and from /tmp/parts (where an earlier call on the same warm
-# machine left the first piece). Installs once into /tmp/site; sets PYTHONPATH and LD_LIBRARY_PATH
-# (the nvidia/*/lib folders of the machine's own Python, which MLX CUDA loads).
-if ! [ -f /tmp/site/.ok ]; then
-  mkdir -p /tmp/parts
-  for d in "$@"; do cp "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
-  wheels=()
-  for d in "$@"; do for w in "$d"/*.whl; do [ -e "$w" ] && wheels+=("$w"); done; done
-  if ls /tmp/parts/cuda.part* >/dev/null 2>&1; then
-    cat $(ls /tmp/parts/cuda.part* | sort) > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
-    wheels+=(/tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl)
-  fi
+# Calls on one warm machine add up: each copies what its DIRs hold to /tmp/parts and installs
+# into /tmp/site every wheel there not installed yet (a marker per wheel in /tmp/site/.installed),
+# so the wheels may come over several calls in any order (docs/gpu.md, "Running on the GPU
+# machine"). mlx-cuda-13's 90 MB wheel travels split (`split -b 46000000`); its pieces are joined
+# in the order of their names once all are there (the joined file opens as a zip). mlx and
+# mlx-cuda-13 share the folder mlx/, which a later install would replace: they go in together.
+# Sets PYTHONPATH and LD_LIBRARY_PATH (the nvidia/*/lib folders of the machine's own Python).
+mkdir -p /tmp/parts /tmp/site/.installed
+for d in "$@"; do cp "$d"/*.whl "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
+cuda=/tmp/parts/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+if ls /tmp/parts/cuda.part* >/dev/null 2>&1 && ! [ -f "/tmp/site/.installed/${cuda##*/}" ]; then
+  cat $(ls /tmp/parts/cuda.part* | sort) > "$cuda"
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1])" "$cuda" 2>/dev/null || rm -f "$cuda"
+fi
+pair=$(ls /tmp/parts/mlx-[0-9]*.whl /tmp/parts/mlx_cuda*.whl 2>/dev/null | wc -l)
+wheels=()
+for w in /tmp/parts/*.whl; do
+  [ -f "$w" ] && ! [ -f "/tmp/site/.installed/${w##*/}" ] || continue
+  [[ ${w##*/} == mlx-[0-9]* || ${w##*/} == mlx_cuda* ]] && [ "$pair" -lt 2 ] && continue
+  wheels+=("$w")
+done
+if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
-    && touch /tmp/site/.ok
+    && for w in "${wheels[@]}"; do touch "/tmp/site/.installed/${w##*/}"; done
+  echo "gpu_env: $(ls /tmp/site/.installed | wc -l) wheels installed in /tmp/site (${#wheels[@]} this call)"
 fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 LD_LIBRARY_PATH=$(python3 -c "import glob, os, nvidia; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'lib')))))"):${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH
-python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())"
+python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())" 2>&1 | tail -n 1
