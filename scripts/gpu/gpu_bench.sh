@@ -24,6 +24,8 @@
 #   base   the same at depth 2 with the kernels off (MTP_CHAT_GPU_KERNELS=0)
 #   demo   the bundled demo model (real acceptance), depth 2, T=0.6
 #   demo_depths  the demo model at depths 1-3, T=0 and T=0.6 (-> OUT_DIR/demo_t{0,0.6}_d{1,2,3}.json)
+#   long   scripts/gpu/gpu_long.py at 64 / 8k / 32k / 128k tokens of context: prefill tok/s, verify of 2-5 and
+#          the MTP step in AR steps, MTP/AR projected at the Qwythos acceptance, peak memory AR vs MTP
 #   batch  scripts/bench/bench_batch.py on the 9B shape: 1, 2, 4 concurrent requests, AR and MTP depth 2,
 #          each reply against itself alone, aggregate tok/s
 #   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
@@ -50,7 +52,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -82,6 +84,8 @@ for stage in $STAGES; do
     demo_depths) for t in 0 0.6; do for d in 1 2 3; do
                    bench --model models/demo --depth "$d" --temperature "$t" --top-p 0.95 --top-k 20 --max-tokens 128 \
                      --repeats 3 --json "$OUT/demo_t${t}_d$d.json"; done; done ;;
+    long) run $PY scripts/gpu/gpu_long.py --model "$CKPT" --json "$OUT/long_9b.json" \
+            --context 64 --context 8192 --context 32768 --context 131072 2>&1 | grep -v "regex pattern" ;;
     batch) run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --long-prompt 0 \
              --streams 0 --json "$OUT/batch_9b.json" 2>&1 | grep -v "regex pattern" | tail -n 30 ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
