@@ -597,3 +597,39 @@ def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_
 
     monkeypatch.setattr(gdn_fused, "gdn_fused", position_variant)
     assert "changes with the positions beside it" in kernels.check_fused_gdn()
+
+
+def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_checkpoint, monkeypatch):
+    """Batching on the GPU (issue 32): the CUDA backend's batch runner is its few runner, every
+    kernel on (row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), here
+    with each kernel's reference standing in. Three greedy requests joining at different steps
+    decode, AR and MTP at depth 2, exactly what each decodes alone; the batch's linears ran
+    several sequences' rows in one product."""
+    from adapters.kernels import cuda_attention, gdn_fused
+    from tests.test_batch import run_batched
+
+    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
+    calls = []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel(calls))
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel([], lambda q: q.shape[1]))
+    monkeypatch.setattr(gdn_fused, "gdn_fused", gdn_fused.reference)
+
+    def attention(q, k, v, gate, scale):
+        # The real kernel rounds otherwise than MLX's SDPA does; so does this stand-in (each row
+        # still as alone), so a batch that took the SDPA path where alone takes the kernel shows.
+        return (cuda_attention.reference(q, k, v, gate, scale).astype(mx.float32) * (1 + 2**-6)).astype(q.dtype)
+
+    monkeypatch.setattr(cuda_attention, "gated_attention", attention)
+    few = backends.CompiledGpuKernels("cuda", fused_gdn=True, fused_attention=True)
+    ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
+    ad.backend.batch = few
+    prompts, lengths = [[5, 9, 13, 21, 34, 55], [100, 7, 300, 42], [3, 8]], [14, 10, 12]
+    greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
+    for mode in ("ar", "mtp"):
+        make = (lambda: AutoregressiveDecoder(ad, sampler=greedy)) if mode == "ar" else \
+            (lambda: SpeculativeDecoder(ad, sampler=greedy, depth=2))
+        alone = [make().generate(p, max_tokens=n)[0] for p, n in zip(prompts, lengths)]
+        calls.clear()
+        batched, sizes, _ = run_batched(ad, mode, 2, prompts, lengths, {0: [0, 1], 2: [2]})
+        assert batched == alone, mode
+        assert max(sizes) == 3 and max(rows for rows, _ in calls) > 1, mode

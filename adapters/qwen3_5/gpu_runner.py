@@ -87,8 +87,7 @@ class GpuKernels(MlxOps):
         return cuda_attention.gated_attention(q, k, v, gate, p.scale)
 
     def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
-        if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections \
-                or xn.ndim != 3 or xn.shape[0] != 1:
+        if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections or xn.ndim != 3:
             return None
         at = p.attn
         joined = self._joined((at.in_proj_qkv, at.in_proj_z, at.in_proj_b, at.in_proj_a), xn)
@@ -101,8 +100,15 @@ class GpuKernels(MlxOps):
             self._gdn_inputs[id(p)] = (conv_w, cst)
         conv_w, cst = self._gdn_inputs[id(p)]
         proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
-        return gdn_fused.gdn_fused(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, at.dt_bias,
-                                   at.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
+        # A batch's rows share the product; each sequence then runs the middle alone, one launch
+        # each, so that it computes what it computes decoding alone (batched == alone).
+        runs = [gdn_fused.gdn_fused(proj[b:b + 1], tuple(joined.ends[:3]), conv_state[b:b + 1], conv_w, p.neg_A,
+                                    at.dt_bias, at.norm.weight, cst, state[b:b + 1], (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
+                for b in range(xn.shape[0])]
+        if len(runs) == 1:
+            return runs[0]
+        return (mx.concatenate([o for o, _, _ in runs]), mx.concatenate([c for _, c, _ in runs]),
+                [mx.concatenate([states[t] for _, _, states in runs]) for t in range(xn.shape[1])])
 
     def _rows(self, module, x, plain):
         if self.row_kernel and _kernel_fits(module, x):

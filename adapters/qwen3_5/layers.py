@@ -286,9 +286,15 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
                                              dtype=mx.int32), S)
             q, k, v, gate = run.attention_in(p, h, pos)
-            outs = []
-            for b, c in enumerate(cs):
-                kb, vb = c.update_and_fetch(k[b:b + 1], v[b:b + 1])
-                outs.append(run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, c))
-            h = run.attention_out(p, h, mx.concatenate(outs), gate)
+            fetched = [c.update_and_fetch(k[b:b + 1], v[b:b + 1]) for b, c in enumerate(cs)]
+            # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
+            # only on shapes every sequence shares), else attention over its own cache, then the gate.
+            gated = [run.attention_gated(p, q[b:b + 1], kb, vb, gate[b:b + 1], c) for b, ((kb, vb), c)
+                     in enumerate(zip(fetched, cs))]
+            if all(g is not None for g in gated):
+                h = run.attention_out(p, h, mx.concatenate(gated), None)
+            else:
+                outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, c)
+                        for b, ((kb, vb), c) in enumerate(zip(fetched, cs))]
+                h = run.attention_out(p, h, mx.concatenate(outs), gate)
     return h, captured
