@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -120,10 +122,16 @@ def step_costs(ad, ids) -> tuple:
             builds.append(time.perf_counter() - t0)
             if r == 0:
                 mx.export_to_dot(str(dot), logits)
-                count = dot.read_text().count("shape=rectangle")
+                kinds = primitive_kinds(dot.read_text())
             mx.eval(logits, state)
-        sizes[str(w)] = {"primitives": count, "build_ms": statistics.median(builds) * 1e3}
+        sizes[str(w)] = {"primitives": sum(kinds.values()), "build_ms": statistics.median(builds) * 1e3,
+                         "kinds": dict(kinds.most_common())}
     return {str(w): s * 1e3 for w, s in secs.items()}, sizes
+
+
+def primitive_kinds(dot: str) -> Counter:
+    """mx.export_to_dot's rectangles (one per primitive) counted by label: what a step is made of."""
+    return Counter(re.findall(r'label ="([^"]+)", shape=rectangle', dot))
 
 
 def head_costs(ad, ids) -> dict:
@@ -151,7 +159,7 @@ def head_costs(ad, ids) -> dict:
         builds.append(time.perf_counter() - t0)
         if r == 0:
             mx.export_to_dot(str(dot), y)
-            out["primitives"] = dot.read_text().count("shape=rectangle")
+            out["primitives"] = sum(primitive_kinds(dot.read_text()).values())
         mx.eval(y)
     out["build_ms"] = statistics.median(builds[1:]) * 1e3
     return out
