@@ -114,7 +114,7 @@ def step_costs(ad, ids) -> tuple:
     dot = Path("/tmp/mtp_chat_step.dot")
     sizes = {}
     for w in widths:
-        builds, count = [], 0
+        builds, kinds = [], Counter()
         for r in range(5):
             mx.synchronize()
             t0 = time.perf_counter()
