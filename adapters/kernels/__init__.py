@@ -4,7 +4,8 @@
 - `gdn_fused`: a Gated-DeltaNet layer's middle (conv to gated norm) as one CUDA launch;
 - `cuda_attention`: a few query rows' attention over the KV cache with the output gate, on CUDA;
 - `gdn`: the Gated-DeltaNet recurrence keeping every state (the reference as MLX ops, and one
-  kernel launch for T <= 8 positions on CUDA and Metal);
+  kernel launch for T <= 8 positions on CUDA and Metal), and a prefill chunk's recurrence as
+  one CUDA launch whatever its length (only the final state kept);
 - `cpu_attention`: causal attention of a prefill chunk over a long cache on MLX's CPU backend.
 
 A kernel that fails to compile or disagrees with its reference must not silently decode:
@@ -55,6 +56,29 @@ def check_fused_gdn(seed: int = 0) -> Optional[str]:
     return None
 
 
+GDN_CHECK_SHAPE = (2, 4, 64, 32)  # Hk, Hv, Dk, Dv: Hv a multiple of Hk, as the 9B's 16 / 32
+
+
+def check_gdn_prefill(seed: int = 0) -> Optional[str]:
+    """gdn's prefill kernel (T read at run time) against its reference over T = 37 bf16 positions,
+    and the same positions as two launches (20, then 17 from the state the first left) bit for
+    bit: one compiled kernel serves every length, and a prompt's state does not depend on where
+    its chunks end."""
+    T, cut = 37, 20
+    args = gdn.random_inputs(mx.random.key(seed + 1), T, *GDN_CHECK_SHAPE, dtype=mx.bfloat16)
+    y, final = gdn.gated_delta_prefill(*args)
+    y_ref, states_ref = gdn.gated_delta_reference(*args)
+    err_y, err_state = rel_err(y, y_ref), rel_err(final, states_ref[-1])
+    if not (err_y < 0.02 and err_state < 1e-3):
+        return f"the Gated-DeltaNet prefill kernel differs from its reference by {err_y:.2e} (y), {err_state:.2e} (state)"
+    q, k, v, g, beta, state = args
+    y1, mid = gdn.gated_delta_prefill(q[:, :cut], k[:, :cut], v[:, :cut], g[:, :cut], beta[:, :cut], state)
+    y2, end = gdn.gated_delta_prefill(q[:, cut:], k[:, cut:], v[:, cut:], g[:, cut:], beta[:, cut:], mid)
+    if not (bool(mx.array_equal(mx.concatenate([y1, y2], axis=1), y)) and bool(mx.array_equal(end, final))):
+        return "the Gated-DeltaNet prefill kernel's result depends on where the positions are cut"
+    return None
+
+
 def check_attention(seed: int = 0) -> Optional[str]:
     """cuda_attention against its reference, and 3 rows together == each alone (bit for bit)."""
     nh, nkv, hd, S, L = 4, 2, 128, 200, 3  # two key chunks
@@ -99,20 +123,16 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             for m in range(1, cuda_qmm.MAX_ROWS):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], wq, s, b, 4, 64), y[:m])):
                     return f"the quantized matmul's rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
-        kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
-        T, Hk, Hv, Dk, Dv = 3, 2, 4, 64, 32
-        q = mx.random.normal((1, T, Hk, Dk), key=kq) * Dk**-0.5
-        k = mx.random.normal((1, T, Hk, Dk), key=kk) * Dk**-0.5
-        v = mx.random.normal((1, T, Hv, Dv), key=kv)
-        g = mx.random.uniform(0.5, 1.0, (1, T, Hv), key=kg)
-        beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=kb)
-        state = mx.random.normal((1, Hv, Dv, Dk), key=ks) * 0.1
+        q, k, v, g, beta, state = gdn.random_inputs(key, 3, *GDN_CHECK_SHAPE)
         y, states = gdn.gated_delta_steps(q, k, v, g, beta, state, backend=backend)
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)
         err = max(float(mx.abs(y - y_ref).max()),
                   *(float(mx.abs(a - b).max()) for a, b in zip(states, states_ref)))
         if not err < 1e-4:
             return f"the Gated-DeltaNet kernel differs from the ops path by {err:.2e}"
+        why = check_gdn_prefill(seed) if backend == "cuda" else None
+        if why:
+            return why
         if backend == "cuda" and fused_gdn:
             why = check_fused_gdn(seed)
             if why:

@@ -11,7 +11,9 @@ Batched matmuls would be fewer ops but cost 3x more on this CPU.
 `gated_delta_steps` runs the same rule as one kernel launch for T <= 8 positions on CUDA and
 Metal: one kernel body for both backends with a small prelude each (thread indices, the
 warp/simd sum); each position's state goes to its own fp32 output, so a commit of any prefix
-keeps only its own buffer. Any family with a Gated-DeltaNet (Qwen3.5, Qwen3-Next) uses these.
+keeps only its own buffer. `gated_delta_prefill` runs the same body over a whole prefill chunk
+on CUDA (any T, read at run time: one compiled kernel for every chunk length), keeping only the
+final state. Any family with a Gated-DeltaNet (Qwen3.5, Qwen3-Next) uses these.
 """
 from __future__ import annotations
 
@@ -121,14 +123,23 @@ def gdn_source(T: int, backend: str) -> str:
     return prelude + GDN_BODY.replace("GDN_STORE_STATES", stores)
 
 
-def gdn_supported(q_shape, v_shape, state_dtype) -> bool:
-    """q [1, T, Hk, Dk], v [1, T, Hv, Dv], fp32 state: what gated_delta_steps serves."""
+def gdn_supported(q_shape, v_shape, state_dtype, max_t: int = GDN_MAX_T) -> bool:
+    """q [1, T, Hk, Dk], v [1, T, Hv, Dv], fp32 state, T <= max_t: what gated_delta_steps serves."""
     if len(q_shape) != 4 or len(v_shape) != 4 or q_shape[0] != 1 or v_shape[0] != 1:
         return False
     _, T, Hk, Dk = q_shape
     Hv, Dv = v_shape[2], v_shape[3]
-    return (1 <= T <= GDN_MAX_T and Dk % 32 == 0 and Dv % 4 == 0 and Hv % Hk == 0
+    return (1 <= T <= max_t and Dk % 32 == 0 and Dv % 4 == 0 and Hv % Hk == 0
             and state_dtype == mx.float32)
+
+
+def prefill_supported(q_shape, v_shape, state_dtype) -> bool:
+    """What gated_delta_prefill serves: gdn_supported's shapes at any T whose element offsets
+    fit the kernel's int arithmetic (2^31 / 4096 = 524k positions at the 9B shape)."""
+    if len(q_shape) != 4 or len(v_shape) != 4:
+        return False
+    widest = max(q_shape[2] * q_shape[3], v_shape[2] * v_shape[3])
+    return gdn_supported(q_shape, v_shape, state_dtype, max_t=(2**31 - 1) // widest)
 
 
 @lru_cache(maxsize=None)
@@ -159,6 +170,61 @@ def gated_delta_steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: 
     return outs[-1], list(outs[:-1])
 
 
+# The prefill variant (CUDA only: Metal keeps mlx-lm's own kernel). GDN_BODY as it is, with T a
+# run-time value: MLX hands a kernel `q_shape` when its source names it, so one compiled kernel
+# serves every chunk length (a template T would cost an NVRTC compile per length). Per position
+# it does what the decode kernel does; only the state after the last position is written.
+_CUDA_RUNTIME_T = """
+  const int T = q_shape[1];  // q [1, T, Hk, Dk]
+"""
+_FINAL_STATE = """
+  for (int i = 0; i < n_per_t; ++i) {
+    state_out[(gdn_hv * Dv + gdn_dv) * Dk + n_per_t * gdn_lane + i] = st[i];
+  }
+"""
+
+
+def prefill_source() -> str:
+    """The prefill kernel's source: the shared body, T from q's shape, the final state stored."""
+    return _CUDA_PRELUDE + _CUDA_RUNTIME_T + GDN_BODY.replace("GDN_STORE_STATES", "") + _FINAL_STATE
+
+
+@lru_cache(maxsize=None)
+def _prefill_kernel():
+    return mx.fast.cuda_kernel(name="mtp_gdn_prefill", input_names=["q", "k", "v", "g", "beta", "state_in"],
+                               output_names=["y", "state_out"], source=prefill_source(), header=_CUDA_HEADER)
+
+
+def gated_delta_prefill(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+                        state: mx.array) -> Tuple[mx.array, mx.array]:
+    """The gated delta rule over any T positions of one sequence in one CUDA launch.
+
+    q, k [1, T, Hk, Dk] (normalised as mlx-lm does), v [1, T, Hv, Dv], g, beta [1, T, Hv],
+    state [1, Hv, Dv, Dk] fp32 -> y [1, T, Hv, Dv] in q's dtype and the state after position T."""
+    _, _, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    y, final = _prefill_kernel()(
+        inputs=[q, k, v, g, beta, state],
+        template=[("InT", q.dtype), ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv)],  # no T: see above
+        grid=(32, Dv, Hv),
+        threadgroup=(32, 4, 1),
+        output_shapes=[v.shape, state.shape],
+        output_dtypes=[q.dtype, mx.float32],
+    )
+    return y, final
+
+
+def random_inputs(key, T: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype=mx.float32):
+    """Inputs as a layer hands them over: q, k about unit norm, v, and beta in `dtype`, the decay
+    g (fp32, in [0.5, 1]) and a state (fp32) -> (q, k, v, g, beta, state), one sequence."""
+    kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
+    q = mx.random.normal((1, T, Hk, Dk), key=kq) * Dk**-0.5
+    k = mx.random.normal((1, T, Hk, Dk), key=kk) * Dk**-0.5
+    v = mx.random.normal((1, T, Hv, Dv), key=kv)
+    g = mx.random.uniform(0.5, 1.0, (1, T, Hv), key=kg)
+    beta = mx.random.uniform(0.0, 1.0, (1, T, Hv), key=kb)
+    state = mx.random.normal((1, Hv, Dv, Dk), key=ks) * 0.1
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype), g, beta.astype(dtype), state
 
 
 def gated_delta_reference(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:

@@ -16,11 +16,13 @@ attention) and runs each layer with them. The backends:
 - "cuda-kernels": the few runner sends the Gated-DeltaNet recurrence of up to 8 positions
   through one kernel launch, and every quantized linear of 1-8 rows through the row kernel
   (gpu_runner.py, kernels/cuda_qmm.py: the weights read once for all rows, each row as alone),
-  with the linears that share an input joined into one product and residuals added inside it;
-  prefill stays on MLX's own path. mlx-lm's modules keep their types and values (the joined
+  with the linears that share an input joined into one product and residuals added inside it.
+  The long runner (prefill) is MLX's own path with each chunk's recurrence as one kernel launch
+  (gpu_runner.GpuPrefill). mlx-lm's modules keep their types and values (the joined
   weights' row views), so mlx_lm.stream_generate on the same weights keeps MLX's path
   (benchmarks against stock mlx-lm stay honest).
-- "metal-kernels": the recurrence kernel only (MLX's Metal matvec is already good).
+- "metal-kernels": the few-token recurrence kernel only (MLX's Metal matvec is already good;
+  prefill keeps mlx-lm's own Metal kernel for the recurrence).
 
 The GPU kernels check themselves once at load (kernels.self_check); one that fails to build or
 disagrees falls back to "mlx", saying so.
@@ -37,7 +39,7 @@ import mlx.nn as nn
 
 from .. import kernel_cache, kernels
 from .cpu_runner import CpuCompiled, CpuCompiledBatch
-from .gpu_runner import CompiledGpuKernels, GpuKernels
+from .gpu_runner import CompiledGpuKernels, GpuKernels, GpuPrefill
 from .mlx_ops import FEW_TOKENS, MlxOps
 
 
@@ -124,7 +126,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         if why is None:
             runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
-            return Backend(f"{kb}-kernels", few, MlxOps(), note=said if few.compiled_layers else said + "; layers not compiled")
+            long = GpuPrefill() if kb == "cuda" else MlxOps()
+            return Backend(f"{kb}-kernels", few, long, note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
         return Backend("mlx", MlxOps(row_invariant=True), MlxOps(), note=f"{kb} kernels failed their check: {why}")
     on_gpu = device == mx.gpu  # MLX's GPU attention over several queries is not row-invariant

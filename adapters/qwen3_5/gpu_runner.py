@@ -1,4 +1,5 @@
-"""The GPU runners: MLX's ops with the adapter's own kernels for a few positions of one sequence.
+"""The GPU runners: MLX's ops with the adapter's own kernels for a few positions of one sequence,
+and for prefill chunks on CUDA (`GpuPrefill`: the recurrence of a whole chunk in one launch).
 
 Every quantized linear of 1-8 rows goes through the row kernel (kernels/cuda_qmm.py): the
 weights read once for all rows, each row's arithmetic as alone, so a verify's rows are the decode
@@ -141,17 +142,39 @@ class GpuKernels(MlxOps):
         return self._fused[key]
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
-        B = q.shape[0]
         if mask is None and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
-            # One launch for all positions, a separate fp32 buffer per state; a batch's sequences
-            # one launch each, so that each computes what it computes alone.
-            runs = [gdn.gated_delta_steps(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1],
-                                          state[b:b + 1], backend=self.backend) for b in range(B)]
-            if B == 1:
+            # One launch for all positions, a separate fp32 buffer per state.
+            runs = _each_sequence(lambda *a: gdn.gated_delta_steps(*a, backend=self.backend), q, k, v, g, beta, state)
+            if len(runs) == 1:
                 return runs[0]
             return (mx.concatenate([y for y, _ in runs]),
                     [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
+
+
+class GpuPrefill(MlxOps):
+    """The long runner on CUDA (prefill chunks): MLX's own ops, with a chunk's Gated-DeltaNet
+    recurrence as one kernel launch (kernels/gdn.py gated_delta_prefill). MLX's Metal kernel for
+    it does not run on CUDA, so mlx-lm falls back to gated_delta_ops, a Python loop of ~10 ops a
+    position: an 8k-token prompt took ~20 s (~400 tok/s) to prefill on the H200.
+
+    Only the final state is kept, so capturing forwards (every state wanted) and masked ones (a
+    padded batch) keep MLX's path. Exactness: every prefill chunk comes here whatever its length
+    (prefill_chunks asks fast=False; a chunk is one sequence, unmasked, not captured), so the
+    chunks after a prefix-cache mark compute the same whether the prompt was prefilled fresh or
+    restored from the snapshot taken there (chunks end at the marks either way): the cache
+    restores what a fresh prefill holds. Both lanes (AR and MTP) prefill this way, so greedy
+    MTP == AR is unaffected. (The kernel's positions do not even depend on where a chunk ends,
+    kernels.check_gdn_prefill; MLX's matmuls and attention may.)"""
+
+    def recurrence(self, q, k, v, g, beta, state, mask, capture):
+        if capture or mask is not None or not gdn.prefill_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
+            return super().recurrence(q, k, v, g, beta, state, mask, capture)
+        runs = _each_sequence(gdn.gated_delta_prefill, q, k, v, g, beta, state)
+        if len(runs) == 1:
+            y, final = runs[0]
+            return y, [final]
+        return mx.concatenate([y for y, _ in runs]), [mx.concatenate([final for _, final in runs])]
 
 
 class CompiledGpuKernels(GpuKernels):
@@ -226,6 +249,12 @@ class CompiledGpuKernels(GpuKernels):
 
 
 MAX_ROWS = cuda_qmm.MAX_ROWS
+
+
+def _each_sequence(kernel, q, k, v, g, beta, state) -> list:
+    """`kernel` (a recurrence kernel: it takes one sequence) on each sequence of a batch alone,
+    so that a batched sequence computes what it computes alone."""
+    return [kernel(*(a[b:b + 1] for a in (q, k, v, g, beta, state))) for b in range(q.shape[0])]
 
 
 def _rows_of(x: mx.array) -> int:
