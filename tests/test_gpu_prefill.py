@@ -6,6 +6,8 @@ The kernel itself runs only on CUDA: scripts/gpu/gpu_prefill.py checks and times
 """
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -258,3 +260,22 @@ def test_the_load_check_covers_the_prefill_kernel_and_a_failure_falls_back(monke
         said = []
         b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, fused=False, log=said.append)
         assert b.name == "mlx" and type(b.long) is backends.MlxOps and why in b.note and said
+
+
+def test_the_gpu_prefill_script_runs_with_the_stand_in(tmp_path, monkeypatch):
+    """scripts/gpu/gpu_prefill.py's plumbing on the CPU at small sizes (the reference for the
+    kernel): the kernel checks, the layer timing, our prefill vs mlx-lm's, the chunk sweep."""
+    from scripts.gpu import gpu_prefill
+
+    monkeypatch.setattr(gdn, "gated_delta_prefill", gdn.gated_delta_prefill)  # --stand-in replaces it
+    out = tmp_path / "prefill.json"
+    rc = gpu_prefill.main(["--model", "models/demo", "--json", str(out), "--stand-in", "--check-lengths", "1", "7",
+                           "--layer-tokens", "8", "--lengths", "40", "--chunks", "16", "32", "--sweep-length", "40",
+                           "--repeats", "1"])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["stand_in"] and report["long_runner"] == "GpuPrefill"
+    assert set(report["kernel_checks"]) == {"1", "7"} and all(r["ok"] for r in report["kernel_checks"].values())
+    assert set(report["layer_ms"]) == {"kernel", "gated_delta_ops", "tokens", "speedup"}
+    row = report["prefill"]["40"]
+    assert row["ours"]["tok_s"] > 0 and row["mlx_lm"]["tok_s"] > 0 and row["ratio"] > 0
+    assert set(report["chunk_sweep"]["chunks"]) == {"16", "32"} and report["chunk_sweep"]["fastest"] in (16, 32)

@@ -18,6 +18,9 @@
 #          keys, rows together == alone; then the profile's all-kernels variant
 #   kernels  fused_gdn's and attention's checks, then one profile of default / fused-gdn / all-kernels /
 #          batched-attn; OUT_DIR/fused_ok when both kernels pass (MTP_CHAT_GPU_FUSED=1 then runs them)
+#   prefill  scripts/gpu/gpu_prefill.py: the one-launch prefill recurrence against its reference at T = 1 / 7 /
+#          512 / 2048, one layer's recurrence vs mlx-lm's ops, prefill of 2k / 8k / 32k tokens vs mlx-lm's
+#          (tok/s, peak memory), chunk sizes 512-4096 at 8k
 #   check  scripts/gpu/gpu_check.py: kernels vs MLX, row independence, bandwidth per shape,
 #          greedy MTP == AR at depths 1-3 over 128 tokens, a sampled-distribution check
 #   d1 d2 d3  scripts/bench/bench.py at depth 1, 2, 3 (T=0, 128 tokens, AR / MTP / mlx_lm lanes)
@@ -52,7 +55,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -75,6 +78,7 @@ for stage in $STAGES; do
                && run $PY scripts/gpu/gpu_attention.py --json "$OUT/attention.json" && touch "$OUT/fused_ok"
              run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default fused-gdn all-kernels batched-attn \
                --repeats 2 --json "$OUT/profile_kernels.json" 2>&1 | grep -v "regex pattern" ;;
+    prefill) run $PY scripts/gpu/gpu_prefill.py --model "$CKPT" --json "$OUT/prefill.json" 2>&1 | grep -v "regex pattern" ;;
     profile) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default eager mlx-qmv --repeats 2 \
                --json "$OUT/profile.json" 2>&1 | grep -v "regex pattern" ;;
     d1|d2|d3) bench --model "$CKPT" --depth "${stage#d}" "${greedy[@]}" --json "$OUT/bench_$stage.json" ;;
