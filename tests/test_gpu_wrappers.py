@@ -633,3 +633,31 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         batched, sizes, _ = run_batched(ad, mode, 2, prompts, lengths, {0: [0, 1], 2: [2]})
         assert batched == alone, mode
         assert max(sizes) == 3 and max(rows for rows, _ in calls) > 1, mode
+
+
+def test_every_kernels_name_changes_with_its_code(monkeypatch):
+    """MLX keeps compiled kernels on disk under their name and template arguments, not their
+    source: each of ours carries a hash of its code, so a warm cache never serves an old build."""
+    import hashlib
+
+    from adapters.kernels import cuda_attention, cuda_qmm, gdn_fused
+    from adapters.kernels.naming import versioned
+
+    made = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: made.append(kw))
+    monkeypatch.setattr(mx.fast, "metal_kernel", lambda **kw: made.append(kw))
+    builders = [cuda_attention._partials, cuda_attention._combine, cuda_qmm._qmm_kernel, gdn._gdn_kernel,
+                gdn._prefill_kernel, gdn_fused._kernel]
+    for b in builders:
+        b.cache_clear()
+    try:
+        cuda_attention._partials(), cuda_attention._combine(), gdn._prefill_kernel(), gdn_fused._kernel(3)
+        cuda_qmm._qmm_kernel(False), cuda_qmm._qmm_kernel(True), gdn._gdn_kernel(2, "cuda"), gdn._gdn_kernel(2, "metal")
+    finally:
+        for b in builders:
+            b.cache_clear()
+    assert len(made) == 8 and len({kw["name"] for kw in made}) == 8
+    for kw in made:
+        digest = hashlib.sha1(f"{kw.get('header', '')}\0{kw['source']}".encode()).hexdigest()[:10]
+        assert kw["name"].startswith("mtp_") and kw["name"].endswith("_" + digest), kw["name"]
+    assert versioned("k", "a + b") != versioned("k", "a - b") != versioned("k", "a - b", "#define X")

@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import mlx.core as mx
 
+from .naming import versioned
+
 CHUNK = 128  # keys per partial: fixed positions in the cache, so a row's split never depends on L
 MAX_ROWS = 8
 HEAD_DIMS = (128, 256)
@@ -130,7 +132,7 @@ COMBINE = r"""
 
 @lru_cache(maxsize=None)
 def _partials():
-    return mx.fast.cuda_kernel(name="mtp_attn_partials", input_names=["q", "k", "v", "consts"],
+    return mx.fast.cuda_kernel(name=versioned("mtp_attn_partials", PARTIALS), input_names=["q", "k", "v", "consts"],
                                output_names=["pm", "pl", "po"], source=PARTIALS, ensure_row_contiguous=False)
 
 
@@ -141,7 +143,7 @@ def _scale(scale: float) -> mx.array:
 
 @lru_cache(maxsize=None)
 def _combine():
-    return mx.fast.cuda_kernel(name="mtp_attn_combine", input_names=["pm", "pl", "po", "gate"],
+    return mx.fast.cuda_kernel(name=versioned("mtp_attn_combine", COMBINE), input_names=["pm", "pl", "po", "gate"],
                                output_names=["y"], source=COMBINE)
 
 

@@ -20,6 +20,8 @@ from typing import Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from .naming import versioned
+
 MAX_ROWS = 8  # one mma tile of token columns
 QMM_ROWS = 16  # output rows of one mma tile: N must be whole tiles
 QMM_MAX_WARPS = 8  # warps of a block splitting K (the kernel's shared partials hold 8)
@@ -280,11 +282,12 @@ _RESIDUAL = "out = static_cast<T>(static_cast<float>(out) + static_cast<float>(r
 
 @lru_cache(maxsize=None)
 def _qmm_kernel(residual: bool):
+    source = _strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else ""))
     return mx.fast.cuda_kernel(
-        name="mtp_qmv_res" if residual else "mtp_qmv",
+        name=versioned("mtp_qmv_res" if residual else "mtp_qmv", source, _strip(QMM_HEADER)),
         input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []),
         output_names=["y"],
-        source=_strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else "")),
+        source=source,
         header=_strip(QMM_HEADER),
     )
 

@@ -22,6 +22,8 @@ from typing import List, Tuple
 
 import mlx.core as mx
 
+from .naming import versioned
+
 GDN_MAX_T = 8
 
 
@@ -144,11 +146,12 @@ def prefill_supported(q_shape, v_shape, state_dtype) -> bool:
 
 @lru_cache(maxsize=None)
 def _gdn_kernel(T: int, backend: str):
-    names = dict(name=f"mtp_gdn_steps_{T}", input_names=["q", "k", "v", "g", "beta", "state_in"],
-                 output_names=[f"state_{i}" for i in range(T)] + ["y"], source=gdn_source(T, backend))
+    source, header = gdn_source(T, backend), _CUDA_HEADER if backend == "cuda" else _METAL_HEADER
+    names = dict(name=versioned(f"mtp_gdn_steps_{T}", source, header), input_names=["q", "k", "v", "g", "beta", "state_in"],
+                 output_names=[f"state_{i}" for i in range(T)] + ["y"], source=source, header=header)
     if backend == "cuda":
-        return mx.fast.cuda_kernel(header=_CUDA_HEADER, **names)
-    return mx.fast.metal_kernel(header=_METAL_HEADER, **names)
+        return mx.fast.cuda_kernel(**names)
+    return mx.fast.metal_kernel(**names)
 
 
 def gated_delta_steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
@@ -191,7 +194,8 @@ def prefill_source() -> str:
 
 @lru_cache(maxsize=None)
 def _prefill_kernel():
-    return mx.fast.cuda_kernel(name="mtp_gdn_prefill", input_names=["q", "k", "v", "g", "beta", "state_in"],
+    return mx.fast.cuda_kernel(name=versioned("mtp_gdn_prefill", prefill_source(), _CUDA_HEADER),
+                               input_names=["q", "k", "v", "g", "beta", "state_in"],
                                output_names=["y", "state_out"], source=prefill_source(), header=_CUDA_HEADER)
 
 

@@ -26,6 +26,8 @@ from typing import List, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from .naming import versioned
+
 MAX_T = 8
 WARPS = 16  # one block per value head: 16 warps, Dv / 16 state rows each (512 threads leave
             # room for 128 registers a thread: at 1024, T = 7-8 needed more than the 64 allowed)
@@ -156,7 +158,7 @@ def fused_source(T: int) -> str:
 @lru_cache(maxsize=None)
 def _kernel(T: int):
     return mx.fast.cuda_kernel(
-        name=f"mtp_gdn_fused_{T}",
+        name=versioned(f"mtp_gdn_fused_{T}", fused_source(T)),
         input_names=["proj", "conv_state", "conv_w", "neg_a", "dt_bias", "norm_w", "consts", "state_in"],
         output_names=["y", "conv_input"] + [f"state_{i}" for i in range(T)],
         source=fused_source(T),
