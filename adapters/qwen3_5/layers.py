@@ -267,7 +267,7 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
     attention layer ropes each row at its own position, then attends each row over its own KV
     cache: no padding and no shared buffer, so a sequence joins, leaves or rolls back alone.
     Returns the last hidden and, per sequence, what `run_trunk` captures for one."""
-    B, S = h.shape[0], h.shape[1]
+    S = h.shape[1]
     captured: List[Dict[int, tuple]] = [{} for _ in caches]
     pos = None
     for i, p in enumerate(stack.layers):
