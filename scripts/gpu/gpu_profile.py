@@ -111,6 +111,16 @@ def step_costs(ad, ids) -> tuple:
     tokens = mx.array([ids[-8:]], dtype=mx.int32)
     widths = (1, 2, 3, 4, 5)
     secs = forward_seconds(ad, cache, tokens, widths=widths)
+    # Width 2 without capturing every position's state (and without the commit): what the
+    # capture costs, since widths 2-5 cost about the same and width 1 captures nothing.
+    runs = []
+    for _ in range(9):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        logits, _, _ = ad.forward(tokens[:, :2], cache, capture=False)
+        mx.eval(logits, ad.state_arrays(cache, None))
+        runs.append(time.perf_counter() - t0)
+    secs["2-no-capture"] = statistics.median(runs[2:])
     dot = Path("/tmp/mtp_chat_step.dot")
     sizes = {}
     for w in widths:
