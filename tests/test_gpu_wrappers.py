@@ -211,9 +211,7 @@ def test_cuda_runner_gives_mlx_at_most_four_rows_a_call():
         y = run.linear(module, x)
         assert seen == calls, shape
         assert bool(mx.array_equal(y, mx.concatenate([x, -x], axis=-1)))
-    seen.clear()
-    backends.GpuKernels("metal").linear(module, mx.zeros((1, 9, 8)))
-    assert seen == [(1, 9, 8)]  # Metal: MLX's matvec, unsliced
+    # (Metal: as many rows a call as MLX's matmul keeps as alone, checked per shape; tests below.)
 
 
 def _reference_kernel(seen: list, what):
@@ -661,3 +659,51 @@ def test_every_kernels_name_changes_with_its_code(monkeypatch):
         digest = hashlib.sha1(f"{kw.get('header', '')}\0{kw['source']}".encode()).hexdigest()[:10]
         assert kw["name"].startswith("mtp_") and kw["name"].endswith("_" + digest), kw["name"]
     assert versioned("k", "a + b") != versioned("k", "a - b") != versioned("k", "a - b", "#define X")
+
+
+@pytest.mark.parametrize("keeps", [1, 4, 8])
+def test_where_mlxs_own_matmul_mixes_rows_a_verify_goes_in_narrower_calls(keeps):
+    """Metal (issue 32): MLX's quantized matmul serves the few-token linears, and whether it computes
+    k rows as it computes one is the device's affair (`qmv_wide` sums otherwise). Checked per
+    shape on first use: a matmul that keeps rows as alone only up to `keeps` a call gets at most
+    that many, so every verify row equals its one-row call; the load note says so."""
+    m = nn.QuantizedLinear(64, 32, bits=4, group_size=32)
+    m.set_dtype(BF)
+    calls = []
+
+    def plain(x):   # exact up to `keeps` rows a call, then another summation order (a rounding apart)
+        rows = x.size // x.shape[-1]
+        calls.append(rows)
+        y = m(x)
+        return y if rows <= keeps else (y.astype(mx.float32) * (1 + 2**-6)).astype(y.dtype)
+
+    run = backends.GpuKernels("metal")
+    x = mx.random.normal((1, 6, 64), key=mx.random.key(4)).astype(BF)
+    got = run._rows(m, x, plain)
+    alone = mx.concatenate([m(x[:, i:i + 1]) for i in range(6)], axis=1)
+    assert bool(mx.array_equal(got, alone))
+    calls.clear()
+    run._rows(m, x, plain)                                    # checked once: now only the verify's calls
+    assert max(calls) == min(keeps, 6) and sum(calls) == 6
+    assert (run.said == []) == (keeps == 8) and all(f"up to {keeps} a call" in s for s in run.said)
+
+
+def test_the_load_check_of_mlxs_matmul_reads_every_linear_shape_once():
+    linears = [nn.QuantizedLinear(64, 32, bits=4, group_size=32), nn.QuantizedLinear(64, 32, bits=4, group_size=32),
+               nn.QuantizedLinear(128, 64, bits=8, group_size=64), nn.Linear(64, 16)]
+    for m in linears:
+        m.set_dtype(BF)
+    run = backends.GpuKernels("metal")
+    assert run.check_rows(linears, BF) == []      # MLX's CPU matmul keeps rows as alone: nothing to say
+    assert len(run._row_limits) == 3 and set(run._row_limits.values()) == {8}
+
+
+def test_a_metal_load_checks_the_models_linears(tiny_checkpoint, monkeypatch):
+    """At load on Metal every linear shape of trunk and head is checked before the first reply,
+    so the load note (the banner) can say where a verify's rows go one call each."""
+    few = backends.GpuKernels("metal")
+    monkeypatch.setattr(backends, "choose", lambda *a, **k: backends.Backend("metal-kernels", few, backends.MlxOps()))
+    ad = load_adapter(tiny_checkpoint(**_KERNEL_SHAPED), compute_dtype="native")
+    shapes = {k[0] for k in few._row_limits}
+    assert ad.backend is not None and len(shapes) >= 4            # q|k|v, MLP, Gated-DeltaNet, head's fc, ...
+    assert {tuple(ad.head.fc["weight"].shape)} <= shapes and all(k[1] == BF for k in few._row_limits)

@@ -22,7 +22,10 @@ attention) and runs each layer with them. The backends:
   weights' row views), so mlx_lm.stream_generate on the same weights keeps MLX's path
   (benchmarks against stock mlx-lm stay honest).
 - "metal-kernels": the few-token recurrence kernel only (MLX's Metal matvec is already good;
-  prefill keeps mlx-lm's own Metal kernel for the recurrence).
+  prefill keeps mlx-lm's own Metal kernel for the recurrence). Whether MLX's matmul computes a
+  verify's rows as it computes one is checked at load for every linear shape of the model
+  (GpuKernels.check_rows); where it does not, rows go through it in narrower calls (exact,
+  slower), and the load note says so.
 
 The GPU kernels check themselves once at load (kernels.self_check); one that fails to build or
 disagrees falls back to "mlx", saying so.

@@ -59,6 +59,8 @@ class GpuKernels(MlxOps):
         self.fused_gdn = fused_gdn and self.row_kernel
         self.fused_attention = fused_attention and backend == "cuda"
         self._fused: Dict[tuple, Optional[_Fused]] = {}
+        self._row_limits: Dict[tuple, int] = {}   # MLX's own matmul: rows a call keeps as alone, per shape
+        self.said: List[str] = []                 # what the row checks found (the load note reads it)
         self._gdn_inputs: Dict[int, tuple] = {}
         self._lock = threading.Lock()
 
@@ -115,11 +117,41 @@ class GpuKernels(MlxOps):
         if self.row_kernel and _kernel_fits(module, x):
             return _kernel_rows(x, module["weight"], module["scales"], module["biases"], module.bits, module.group_size)
         rows = _rows_of(x)
-        if self.backend != "cuda" or rows <= QMV_ROWS:
+        limit = QMV_ROWS if self.backend == "cuda" else self._row_limit(module, x, plain)
+        if rows <= limit:
             return plain(x)
         flat = x.reshape(rows, x.shape[-1])
-        y = mx.concatenate([plain(flat[i:i + QMV_ROWS]) for i in range(0, rows, QMV_ROWS)])
+        y = mx.concatenate([plain(flat[i:i + limit]) for i in range(0, rows, limit)])
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def check_rows(self, modules, dtype) -> List[str]:
+        """At load, where MLX's own matmul serves the few-token linears (Metal): each distinct
+        shape's row limit (_row_limit), so the load note can say where rows go one at a time."""
+        for m in modules:
+            self._row_limit(m, mx.zeros((1, m["weight"].shape[-1] * 32 // getattr(m, "bits", 32)), dtype), m)
+        return list(self.said)
+
+    def _row_limit(self, module, x, plain) -> int:
+        """How many rows MLX's own matmul takes in one call computing each as alone, for this
+        module's shape and x's dtype: checked once, on its first call, against one-row calls
+        (we cannot read Metal's kernel choice: MLX's `qmv_wide` sums in another order, and MTP
+        left AR at 2 rows in another project). Where it is 1, a verify's rows go through one
+        call each: exact, slower, and said."""
+        key = (tuple(module["weight"].shape), x.dtype, getattr(module, "bits", None), getattr(module, "group_size", None))
+        if key not in self._row_limits:
+            probe = mx.random.normal((MAX_ROWS, x.shape[-1]), key=mx.random.key(7)).astype(x.dtype)
+            alone = [plain(probe[i:i + 1]) for i in range(MAX_ROWS)]
+            limit = 1
+            for m in range(2, MAX_ROWS + 1):
+                together = plain(probe[:m])
+                if not all(bool(mx.array_equal(together[i:i + 1], alone[i])) for i in range(m)):
+                    break
+                limit = m
+            self._row_limits[key] = limit
+            if limit < MAX_ROWS:
+                self.said.append(f"{self.backend}: MLX's quantized matmul {key[0]} keeps rows as alone up to "
+                                 f"{limit} a call; a verify's rows go through it {limit} at a time")
+        return self._row_limits[key]
 
     def _joined(self, modules, x) -> Optional[_Fused]:
         """The joined weight of `modules` where the row kernel serves it for x, else None."""

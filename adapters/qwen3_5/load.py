@@ -57,10 +57,16 @@ def head_in_trunk_dtype(head, projection) -> None:
     GPU's bf16 kernels, and a draft step cost 3.1 ms against the trunk's whole 6.2 ms step on the
     H200 (docs/bench/2026-12-02/GPU.md, section 4). The values round as mlx-lm's own fold
     (`v + 1.0` in the stored dtype) rounds the trunk's norms."""
-    ref = projection.get("scales") if "scales" in projection else projection.get("weight")
-    if ref is not None and mx.issubdtype(ref.dtype, mx.floating):
-        head.set_dtype(ref.dtype)
+    dtype = projection_dtype(projection)
+    if dtype is not None:
+        head.set_dtype(dtype)
         mx.eval(head.parameters())
+
+
+def projection_dtype(projection):
+    """The dtype a quantized or dense output projection computes in (its scales' or weight's)."""
+    ref = projection.get("scales") if "scales" in projection else projection.get("weight")
+    return ref.dtype if ref is not None and mx.issubdtype(ref.dtype, mx.floating) else None
 
 
 def _unreadable_trunk_file(path: Path) -> Optional[Path]:
@@ -232,6 +238,11 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
             "bf16 (mtp-chat attach-head without --bits)")
     if backend.note:
         notes.append(backend.note)
+    if backend.name == "metal-kernels" and projection_dtype(inner.embed_tokens if tied else output) is not None:
+        # MLX's own matmul serves the few-token linears there: how many rows a call computes as
+        # alone is checked shape by shape, and rows go through it in calls no wider than that.
+        linears = [m for part in (model, head) for _, m in part.named_modules() if type(m) in (nn.QuantizedLinear, nn.Linear)]
+        notes += backend.few.check_rows(linears, projection_dtype(inner.embed_tokens if tied else output))
     for note in notes:
         options.log(note)
 
