@@ -57,8 +57,9 @@ def start_long_reply(pg):
     set_number(pg, "max-tokens", 3000)
     pg.fill("#chat-input textarea", LONG_PROMPT)
     pg.click("#chat-send")
+    # Generous: with the other test worker holding the CPU, the first words took over 30 s once.
     pg.wait_for_function("() => { const b = document.querySelector('#chatbot [data-testid=\"bot\"]');"
-                         " return b && b.innerText.length > 20; }")
+                         " return b && b.innerText.length > 20; }", timeout=HANG * 1000)
 
 
 def bot_text(pg):
