@@ -3,7 +3,7 @@
 # Calls on one warm machine add up: each copies what its DIRs hold to /tmp/parts and installs
 # into /tmp/site every wheel there not installed yet (a marker per wheel in /tmp/site/.installed),
 # so the wheels may come over several calls in any order (docs/gpu.md, "Running on the GPU
-# machine"). mlx-cuda-13's 90 MB wheel travels split (`split -b 46000000`); its pieces are joined
+# machine"). mlx-cuda-13's 90 MB wheel travels split (`split -n 2`); its pieces are joined
 # in the order of their names once all are there (the joined file opens as a zip). mlx and
 # mlx-cuda-13 share the folder mlx/, which a later install would replace: they go in together.
 # Sets PYTHONPATH and LD_LIBRARY_PATH (the nvidia/*/lib folders of the machine's own Python).
