@@ -707,3 +707,20 @@ def test_a_metal_load_checks_the_models_linears(tiny_checkpoint, monkeypatch):
     shapes = {k[0] for k in few._row_limits}
     assert ad.backend is not None and len(shapes) >= 4            # q|k|v, MLP, Gated-DeltaNet, head's fc, ...
     assert {tuple(ad.head.fc["weight"].shape)} <= shapes and all(k[1] == BF for k in few._row_limits)
+
+
+def test_a_per_channel_gate_keeps_mlxs_recurrence(monkeypatch):
+    """The recurrence kernels read one decay per head and position (g [B, T, Hv]); mlx-lm's ops
+    also take a per-channel gate [B, T, Hv, Dk], which the kernels would misread: that keeps MLX's path."""
+    launches = []
+    monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel(launches, lambda q: q.shape[1]))
+    keys = mx.random.split(mx.random.key(9), 4)
+    q = mx.random.normal((1, 2, 2, 64), key=keys[0]) * 0.1
+    k = mx.random.normal((1, 2, 2, 64), key=keys[1]) * 0.1
+    v = mx.random.normal((1, 2, 4, 32), key=keys[2])
+    beta, state = mx.full((1, 2, 4), 0.5), mx.zeros((1, 4, 32, 64))
+    run = backends.GpuKernels("cuda")
+    run.recurrence(q, k, v, mx.full((1, 2, 4), 0.9), beta, state, None, True)
+    assert launches == [2]
+    y, states = run.recurrence(q, k, v, mx.full((1, 2, 4, 64), 0.9), beta, state, None, False)
+    assert launches == [2] and y.shape == (1, 2, 4, 32) and states[-1].shape == state.shape

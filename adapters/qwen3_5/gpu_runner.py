@@ -174,7 +174,7 @@ class GpuKernels(MlxOps):
         return self._fused[key]
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
-        if mask is None and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
+        if mask is None and _scalar_gate(g, q) and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
             # One launch for all positions, a separate fp32 buffer per state.
             runs = _each_sequence(lambda *a: gdn.gated_delta_steps(*a, backend=self.backend), q, k, v, g, beta, state)
             if len(runs) == 1:
@@ -200,7 +200,8 @@ class GpuPrefill(MlxOps):
     kernels.check_gdn_prefill; MLX's matmuls and attention may.)"""
 
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
-        if capture or mask is not None or not gdn.prefill_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
+        if capture or mask is not None or not _scalar_gate(g, q) \
+                or not gdn.prefill_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
             return super().recurrence(q, k, v, g, beta, state, mask, capture)
         runs = _each_sequence(gdn.gated_delta_prefill, q, k, v, g, beta, state)
         if len(runs) == 1:
@@ -287,6 +288,12 @@ def _each_sequence(kernel, q, k, v, g, beta, state) -> list:
     """`kernel` (a recurrence kernel: it takes one sequence) on each sequence of a batch alone,
     so that a batched sequence computes what it computes alone."""
     return [kernel(*(a[b:b + 1] for a in (q, k, v, g, beta, state))) for b in range(q.shape[0])]
+
+
+def _scalar_gate(g: mx.array, q: mx.array) -> bool:
+    """The recurrence kernels read one decay per value head and position (g [B, T, Hv]); a
+    per-channel gate ([B, T, Hv, Dk], gated_delta_ops' other form) keeps MLX's path."""
+    return g.ndim == q.ndim - 1
 
 
 def _rows_of(x: mx.array) -> int:
