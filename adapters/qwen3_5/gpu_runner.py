@@ -105,13 +105,9 @@ class GpuKernels(MlxOps):
         proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
         # A batch's rows share the product; each sequence then runs the middle alone, one launch
         # each, so that it computes what it computes decoding alone (batched == alone).
-        runs = [gdn_fused.gdn_fused(proj[b:b + 1], tuple(joined.ends[:3]), conv_state[b:b + 1], conv_w, p.neg_A,
-                                    at.dt_bias, at.norm.weight, cst, state[b:b + 1], (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
-                for b in range(xn.shape[0])]
-        if len(runs) == 1:
-            return runs[0]
-        return (mx.concatenate([o for o, _, _ in runs]), mx.concatenate([c for _, c, _ in runs]),
-                [mx.concatenate([states[t] for _, _, states in runs]) for t in range(xn.shape[1])])
+        return _as_batch([gdn_fused.gdn_fused(proj[b:b + 1], tuple(joined.ends[:3]), conv_state[b:b + 1], conv_w,
+                                              p.neg_A, at.dt_bias, at.norm.weight, cst, state[b:b + 1],
+                                              (p.Hk, p.Hv, p.Dk, p.Dv, p.K)) for b in range(xn.shape[0])])
 
     def _rows(self, module, x, plain):
         if self.row_kernel and _kernel_fits(module, x):
@@ -149,7 +145,7 @@ class GpuKernels(MlxOps):
                 limit = m
             self._row_limits[key] = limit
             if limit < MAX_ROWS:
-                self.said.append(f"{self.backend}: MLX's quantized matmul {key[0]} keeps rows as alone up to "
+                self.said.append(f"{self.backend}: MLX's matmul of weight {key[0]} keeps rows as alone up to "
                                  f"{limit} a call; a verify's rows go through it {limit} at a time")
         return self._row_limits[key]
 
@@ -176,11 +172,8 @@ class GpuKernels(MlxOps):
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         if mask is None and _scalar_gate(g, q) and gdn.gdn_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
             # One launch for all positions, a separate fp32 buffer per state.
-            runs = _each_sequence(lambda *a: gdn.gated_delta_steps(*a, backend=self.backend), q, k, v, g, beta, state)
-            if len(runs) == 1:
-                return runs[0]
-            return (mx.concatenate([y for y, _ in runs]),
-                    [mx.concatenate([states[t] for _, states in runs]) for t in range(q.shape[1])])
+            return _as_batch(_each_sequence(lambda *a: gdn.gated_delta_steps(*a, backend=self.backend),
+                                            q, k, v, g, beta, state))
         return super().recurrence(q, k, v, g, beta, state, mask, capture)
 
 
@@ -203,11 +196,8 @@ class GpuPrefill(MlxOps):
         if capture or mask is not None or not _scalar_gate(g, q) \
                 or not gdn.prefill_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
             return super().recurrence(q, k, v, g, beta, state, mask, capture)
-        runs = _each_sequence(gdn.gated_delta_prefill, q, k, v, g, beta, state)
-        if len(runs) == 1:
-            y, final = runs[0]
-            return y, [final]
-        return mx.concatenate([y for y, _ in runs]), [mx.concatenate([final for _, final in runs])]
+        y, final = _as_batch(_each_sequence(gdn.gated_delta_prefill, q, k, v, g, beta, state))
+        return y, [final]
 
 
 class CompiledGpuKernels(GpuKernels):
@@ -288,6 +278,15 @@ def _each_sequence(kernel, q, k, v, g, beta, state) -> list:
     """`kernel` (a recurrence kernel: it takes one sequence) on each sequence of a batch alone,
     so that a batched sequence computes what it computes alone."""
     return [kernel(*(a[b:b + 1] for a in (q, k, v, g, beta, state))) for b in range(q.shape[0])]
+
+
+def _as_batch(runs: list):
+    """Per-sequence results (tuples of arrays, or of lists of arrays a position) as the batch's:
+    each part concatenated along the batch axis, position by position for lists."""
+    if len(runs) == 1:
+        return runs[0]
+    return tuple(mx.concatenate(parts) if isinstance(parts[0], mx.array) else [mx.concatenate(p) for p in zip(*parts)]
+                 for parts in zip(*runs))
 
 
 def _scalar_gate(g: mx.array, q: mx.array) -> bool:

@@ -212,6 +212,7 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
     head = MTPHead(tc["hidden_size"], tc.get("rms_norm_eps", 1e-6), family.head_layer(tc), concat_order)
     head = build_mtp_head(head, found.tensors, quantized, qparams, quant, convention == "zero_centered")
 
+    projection = inner.embed_tokens if tied else output
     compute_dtype = options.compute_dtype
     if compute_dtype == "auto":
         # Quantized and half-precision matmuls are slower than fp32 on the CPU backend.
@@ -224,7 +225,7 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
                 to_row_major(module)
         mx.eval(model.parameters(), head.parameters())
     else:
-        head_in_trunk_dtype(head, inner.embed_tokens if tied else output)
+        head_in_trunk_dtype(head, projection)
 
     ropes = [l.self_attn.rope for l in inner.layers if not l.is_linear and not isinstance(l, Elsewhere)]
     ropes.append(head.layers[0].self_attn.rope)
@@ -238,11 +239,11 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
             "bf16 (mtp-chat attach-head without --bits)")
     if backend.note:
         notes.append(backend.note)
-    if backend.name == "metal-kernels" and projection_dtype(inner.embed_tokens if tied else output) is not None:
+    if backend.name == "metal-kernels" and projection_dtype(projection) is not None:
         # MLX's own matmul serves the few-token linears there: how many rows a call computes as
         # alone is checked shape by shape, and rows go through it in calls no wider than that.
         linears = [m for part in (model, head) for _, m in part.named_modules() if type(m) in (nn.QuantizedLinear, nn.Linear)]
-        notes += backend.few.check_rows(linears, projection_dtype(inner.embed_tokens if tied else output))
+        notes += backend.few.check_rows(linears, projection_dtype(projection))
     for note in notes:
         options.log(note)
 
