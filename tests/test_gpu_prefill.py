@@ -171,7 +171,8 @@ def _with_prefill_stand_in(ad, monkeypatch, launches):
 def test_prefill_chunks_go_through_the_kernel_and_match_mlx_ops(tiny_checkpoint, monkeypatch):
     """core.stream.prefill on the CUDA long runner: each chunk, however short, one launch per
     Gated-DeltaNet layer; the cache it leaves equals MLX's ops path's to rounding, and it
-    prefills the same whether or not the chunks end at a prefix-cache mark (bit for bit)."""
+    prefills the same, to float32 rounding, whether or not the chunks end at a prefix-cache mark
+    (the kernel's own result does not depend on the cut, bit for bit: check_gdn_prefill's test)."""
     ad = load_adapter(tiny_checkpoint(linear_key_head_dim=32), compute_dtype="native")
     gdn_layers = [i for i, p in enumerate(ad.stack.layers) if isinstance(p, layers.GdnParams)]
     n_gdn = len(gdn_layers)
@@ -191,7 +192,12 @@ def test_prefill_chunks_go_through_the_kernel_and_match_mlx_ops(tiny_checkpoint,
     marked = ad.make_cache()
     again = prefill(ad, Prompt(ids, (7,)), marked, None, chunk=16)  # chunks 7, 9, 16, 13
     assert (1, 7, 2, 32) in launches and (1, 9, 2, 32) in launches
-    assert bool(mx.array_equal(again.logits, got.logits))
+    # Other chunk ends give other row counts to the linears around the kernel: MLX's CPU matmul
+    # (its BLAS) may sum 7 rows otherwise than 16 (it does on AMD EPYC), so float32 rounding only.
+    diff = float(mx.abs(again.logits.astype(f32) - got.logits.astype(f32)).max())
+    print("marked vs unmarked chunks, max logit difference:", diff)
+    assert diff <= 1e-4 * float(mx.abs(got.logits).max())
+    assert int(mx.argmax(again.logits[0, -1])) == int(mx.argmax(got.logits[0, -1]))
 
 
 def test_greedy_mtp_equals_ar_with_the_prefill_kernel_through_the_prefix_cache(tiny_checkpoint, monkeypatch):

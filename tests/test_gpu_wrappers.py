@@ -596,21 +596,33 @@ def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_
     monkeypatch.setattr(gdn_fused, "gdn_fused", position_variant)
     assert "changes with the positions beside it" in kernels.check_fused_gdn()
 
+    def sequence_variant(proj, *args):  # a batch's launch that rounds its output once more
+        y, conv_input, states = gdn_fused.reference(proj, *args)
+        return (y if proj.shape[0] == 1 else (y.astype(mx.float32) * 1.01).astype(y.dtype)), conv_input, states
+
+    monkeypatch.setattr(gdn_fused, "gdn_fused", sequence_variant)
+    assert "changes with the sequences beside it" in kernels.check_fused_gdn()
+
 
 def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_checkpoint, monkeypatch):
     """Batching on the GPU (issue 32): the CUDA backend's batch runner is its few runner, every
     kernel on (row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), here
     with each kernel's reference standing in. Three greedy requests joining at different steps
     decode, AR and MTP at depth 2, exactly what each decodes alone; the batch's linears ran
-    several sequences' rows in one product."""
+    several sequences' rows in one product, and its Gated-DeltaNet middles one launch."""
     from adapters.kernels import cuda_attention, gdn_fused
     from tests.test_batch import run_batched
 
     ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
-    calls = []
+    calls, middles = [], []
     monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel(calls))
     monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel([], lambda q: q.shape[1]))
-    monkeypatch.setattr(gdn_fused, "gdn_fused", gdn_fused.reference)
+
+    def middle(proj, *args):
+        middles.append(proj.shape[0])
+        return gdn_fused.reference(proj, *args)
+
+    monkeypatch.setattr(gdn_fused, "gdn_fused", middle)
 
     def attention(q, k, v, gate, scale):
         # The real kernel rounds otherwise than MLX's SDPA does; so does this stand-in (each row
@@ -631,6 +643,7 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         batched, sizes, _ = run_batched(ad, mode, 2, prompts, lengths, {0: [0, 1], 2: [2]})
         assert batched == alone, mode
         assert max(sizes) == 3 and max(rows for rows, _ in calls) > 1, mode
+        assert max(middles) == 3, mode  # the fused middle: one launch for the batch's sequences
 
 
 def test_every_kernels_name_changes_with_its_code(monkeypatch):

@@ -29,7 +29,8 @@ def rel_err(a: mx.array, b: mx.array) -> float:
 
 
 def check_fused_gdn(seed: int = 0) -> Optional[str]:
-    """gdn_fused against its reference, and 3 positions together == one at a time (bit for bit)."""
+    """gdn_fused against its reference, 3 positions together == one at a time, and two sequences
+    in one launch == each alone (bit for bit)."""
     Hk, Hv, Dk, Dv, K, T = 2, 4, 32, 32, 4, 3
     C, dt = 2 * Hk * Dk + Hv * Dv, mx.bfloat16
     ks = mx.random.split(mx.random.key(seed), 7)
@@ -53,6 +54,18 @@ def check_fused_gdn(seed: int = 0) -> Optional[str]:
         if not (bool(mx.array_equal(y1[:, 0], y[:, t])) and bool(mx.array_equal(st, states[t]))):
             return f"the fused Gated-DeltaNet kernel's position {t} changes with the positions beside it"
         window = input1[:, 1:]
+    # A batch in one launch: each sequence (here the first one and a second of its own inputs)
+    # as alone, bit for bit.
+    window = input_ref[:, :K - 1]
+    other = [(a * 0.5 + 0.25).astype(a.dtype) for a in (proj, window)] + [state * -1.5]
+    alone = gdn_fused.gdn_fused(other[0], args[0], other[1], *args[1:], other[2], dims)
+    both = gdn_fused.gdn_fused(mx.concatenate([proj, other[0]]), args[0], mx.concatenate([window, other[1]]), *args[1:],
+                               mx.concatenate([state, other[2]]), dims)
+    for b, (y_b, input_b, states_b) in enumerate(((y, conv_input, states), alone)):
+        same = (bool(mx.array_equal(both[0][b:b + 1], y_b)) and bool(mx.array_equal(both[1][b:b + 1], input_b))
+                and all(bool(mx.array_equal(s[b:b + 1], t)) for s, t in zip(both[2], states_b)))
+        if not same:
+            return f"the fused Gated-DeltaNet kernel's sequence {b} changes with the sequences beside it"
     return None
 
 

@@ -7,7 +7,7 @@ attention one query at a time (mlx_ops.row_invariant_sdpa): per row a slice of t
 SDPA call, which for head_dim 256 MLX runs as matmul + softmax + matmul set up per call; then the
 gate's transpose, reshape, sigmoid and product. Here:
 
-- `partials`: one block per (key chunk, KV head, query row). A chunk is CHUNK keys at a fixed
+- `partials`: one block per (key chunk, query row, KV head), a chunk's rows side by side. A chunk is CHUNK keys at a fixed
   position of the cache (keys [c*CHUNK, (c+1)*CHUNK)), cut to the row's own keys (row i of L sees
   the first S-L+i+1); the block scores them against its KV head's G query heads (the keys and
   values read once for the group), and keeps the chunk's max, sum of exponentials and weighted
@@ -41,7 +41,9 @@ PARTIALS = r"""
   const int S = k_shape[2];
   const int nh = q_shape[1];
   const int C = (S + CHUNK - 1) / CHUNK;
-  const int c = blockIdx.x, kvh = blockIdx.y, i = blockIdx.z;
+  // A chunk's rows are neighbours in the grid (blockIdx.x = chunk * L + row): they run together
+  // and read the chunk's keys and values once from memory, the rest from L2.
+  const int c = blockIdx.x / L, i = blockIdx.x % L, kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = S - L + i + 1;            // this row's keys
   const int k0 = c * CHUNK;
@@ -57,6 +59,7 @@ PARTIALS = r"""
   }
   __syncthreads();
   if (cnt > 0) {
+#pragma unroll 4
     for (int j = warp; j < cnt; j += 4) {  // a warp per key, its lanes over the dims
       const T* kr = k + kvh * k_strides[1] + (k0 + j) * k_strides[2] + lane * VPL;
       float dot[G];
@@ -77,33 +80,48 @@ PARTIALS = r"""
     }
   }
   __syncthreads();
-  if (tid < G) {  // the chunk's max and sum of exponentials, keys in order
-    float m = -__int_as_float(0x7f800000), l = 0.f;  // -inf
-    for (int j = 0; j < cnt; ++j) m = fmaxf(m, sp[tid][j]);
-    for (int j = 0; j < cnt; ++j) {
-      const float e = expf(sp[tid][j] - m);
-      sp[tid][j] = e;
+  for (int g = warp; g < G; g += 4) {
+    // A warp per query head: the chunk's max, then its sum of exponentials (each lane's keys in
+    // order, then a fixed butterfly): an order set by the chunk's key count alone.
+    float m = -__int_as_float(0x7f800000);  // -inf
+    for (int j = lane; j < cnt; j += 32) m = fmaxf(m, sp[g][j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int j = lane; j < cnt; j += 32) {
+      const float e = expf(sp[g][j] - m);
+      sp[g][j] = e;
       l += e;
     }
-    const int at = (i * nh + kvh * G + tid) * C + c;
-    pm[at] = m;
-    pl[at] = l;
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      const int at = (i * nh + kvh * G + g) * C + c;
+      pm[at] = m;
+      pl[at] = l;
+    }
   }
   __syncthreads();
+  // A thread's DPT adjacent output dims, every key of the chunk in order; unrolled so that the
+  // loads of several keys are in flight at once (the sums' order is unchanged).
+  const int d0 = tid * DPT;
+  float acc[DPT][G];
 #pragma unroll
-  for (int e = 0; e < DPT; ++e) {
-    const int d = tid + 128 * e;
-    float acc[G];
+  for (int e = 0; e < DPT; ++e)
 #pragma unroll
-    for (int g = 0; g < G; ++g) acc[g] = 0.f;
-    for (int j = 0; j < cnt; ++j) {
-      const float vv = static_cast<float>(v[kvh * v_strides[1] + (k0 + j) * v_strides[2] + d]);
+    for (int g = 0; g < G; ++g) acc[e][g] = 0.f;
+#pragma unroll 8
+  for (int j = 0; j < cnt; ++j) {
+    const T* vr = v + kvh * v_strides[1] + (k0 + j) * v_strides[2] + d0;
 #pragma unroll
-      for (int g = 0; g < G; ++g) acc[g] = fmaf(sp[g][j], vv, acc[g]);
+    for (int e = 0; e < DPT; ++e) {
+      const float vv = static_cast<float>(vr[e]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) acc[e][g] = fmaf(sp[g][j], vv, acc[e][g]);
     }
-#pragma unroll
-    for (int g = 0; g < G; ++g) po[((size_t)(i * nh + kvh * G + g) * C + c) * HD + d] = acc[g];
   }
+#pragma unroll
+  for (int e = 0; e < DPT; ++e)
+#pragma unroll
+    for (int g = 0; g < G; ++g) po[((size_t)(i * nh + kvh * G + g) * C + c) * HD + d0 + e] = acc[e][g];
 """
 
 COMBINE = r"""
@@ -114,10 +132,13 @@ COMBINE = r"""
   const int h = blockIdx.x, i = blockIdx.y, d = threadIdx.x;
   const int base = (i * nh + h) * C;
   // Chunks past this row's keys hold max -inf, sum 0 and zeros: they add exact zeros, so a row's
-  // result is the same whatever C (the last row's chunk count) is.
+  // result is the same whatever C (the last row's chunk count) is. Unrolled: several chunks'
+  // loads in flight, the sums in chunk order as before.
   float M = -__int_as_float(0x7f800000);  // -inf
+#pragma unroll 8
   for (int c = 0; c < C; ++c) M = fmaxf(M, pm[base + c]);
   float l = 0.f, o = 0.f;
+#pragma unroll 8
   for (int c = 0; c < C; ++c) {
     const float w = expf(pm[base + c] - M);
     l += pl[base + c] * w;
@@ -167,7 +188,7 @@ def gated_attention(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale
     pm, pl, po = _partials()(
         inputs=[q, k, v, _scale(scale)],
         template=[("T", q.dtype), ("HD", hd), ("G", nh // nkv), ("CHUNK", CHUNK)],
-        grid=(C * 128, nkv, L), threadgroup=(128, 1, 1),
+        grid=(C * L * 128, nkv, 1), threadgroup=(128, 1, 1),
         output_shapes=[(L, nh, C), (L, nh, C), (L, nh, C, hd)],
         output_dtypes=[mx.float32] * 3,
     )

@@ -35,12 +35,17 @@ WARPS = 16  # one block per value head: 16 warps, Dv / 16 state rows each (512 t
 GDN_FUSED_SOURCE = r"""
   // proj [T, NTOT] (q|k|v at 0, z at Z_OFF, b at B_OFF, a at A_OFF); conv_state [K-1, C];
   // conv_w [C, K]; neg_a, dt_bias [Hv]; norm_w [Dv]; consts: q/k rms eps, q scale, k scale,
-  // gated-norm eps; state_in [Hv, Dv, Dk] fp32.
+  // gated-norm eps; state_in [Hv, Dv, Dk] fp32. Each of these per sequence, B of them (blockIdx.y).
   constexpr int KD = Hk * Dk;
   constexpr int C = 2 * KD + Hv * Dv;
   constexpr int RPW = Dv / NW;
   constexpr int NPT = Dk / 32;
   const int hv = blockIdx.x;
+  // The sequence (blockIdx.y): a block reads and writes only its own sequence's rows, so each
+  // sequence of a batch computes exactly what it computes alone.
+  const size_t bi = blockIdx.y;
+  const size_t PO = bi * T * NTOT, WO = bi * (K - 1) * C, IO = bi * (K - 1 + T) * C;
+  const size_t SO = bi * Hv * Dv * Dk, YO = bi * T * (Hv * Dv);
   const int hk = hv / (Hv / Hk);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -58,8 +63,8 @@ GDN_FUSED_SOURCE = r"""
   // The conv window out: every channel once (q, k by the first value head of the k-head).
   const bool writes = chan >= 0 && (tid >= 2 * Dk || hv % (Hv / Hk) == 0);
   if (writes) {
-    for (int r = 0; r < K - 1; ++r) conv_input[r * C + chan] = conv_state[r * C + chan];
-    for (int t = 0; t < T; ++t) conv_input[(K - 1 + t) * C + chan] = proj[t * NTOT + chan];
+    for (int r = 0; r < K - 1; ++r) conv_input[IO + r * C + chan] = conv_state[WO + r * C + chan];
+    for (int t = 0; t < T; ++t) conv_input[IO + (K - 1 + t) * C + chan] = proj[PO + t * NTOT + chan];
   }
 
   float st[RPW][NPT];
@@ -67,15 +72,15 @@ GDN_FUSED_SOURCE = r"""
   for (int r = 0; r < RPW; ++r)
 #pragma unroll
     for (int i = 0; i < NPT; ++i)
-      st[r][i] = state_in[(hv * Dv + warp * RPW + r) * Dk + NPT * lane + i];
+      st[r][i] = state_in[SO + (hv * Dv + warp * RPW + r) * Dk + NPT * lane + i];
 
   for (int t = 0; t < T; ++t) {
     if (chan >= 0) {
       float acc = 0.f;
       for (int j = 0; j < K; ++j) {
         const int row = t + j;  // conv window row: K-1 kept rows, then this call's positions
-        const float xv = static_cast<float>(row < K - 1 ? conv_state[row * C + chan]
-                                                        : proj[(row - (K - 1)) * NTOT + chan]);
+        const float xv = static_cast<float>(row < K - 1 ? conv_state[WO + row * C + chan]
+                                                        : proj[PO + (row - (K - 1)) * NTOT + chan]);
         acc = fmaf(static_cast<float>(conv_w[chan * K + j]), xv, acc);
       }
       const float c = static_cast<float>(static_cast<InT>(acc));
@@ -85,10 +90,10 @@ GDN_FUSED_SOURCE = r"""
       else sv[tid - 2 * Dk] = s;
     }
     if (tid == 2 * Dk + Dv) {
-      const float b = static_cast<float>(proj[t * NTOT + B_OFF + hv]);
+      const float b = static_cast<float>(proj[PO + t * NTOT + B_OFF + hv]);
       s_beta = static_cast<float>(static_cast<InT>(1.f / (1.f + expf(-b))));
       const float x = static_cast<float>(static_cast<InT>(
-          static_cast<float>(proj[t * NTOT + A_OFF + hv]) + static_cast<float>(dt_bias[hv])));
+          static_cast<float>(proj[PO + t * NTOT + A_OFF + hv]) + static_cast<float>(dt_bias[hv])));
       const float sp = static_cast<float>(static_cast<InT>(x > 20.f ? x : log1pf(expf(x))));
       s_g = expf(neg_a[hv] * sp);
     }
@@ -142,8 +147,8 @@ GDN_FUSED_SOURCE = r"""
     __syncthreads();
     if (tid < Dv) {
       const float xn = static_cast<float>(static_cast<InT>(sy[tid] * s_r * static_cast<float>(norm_w[tid])));
-      const float z = static_cast<float>(proj[t * NTOT + Z_OFF + hv * Dv + tid]);
-      y[t * (Hv * Dv) + hv * Dv + tid] = static_cast<InT>(z / (1.f + expf(-z)) * xn);
+      const float z = static_cast<float>(proj[PO + t * NTOT + Z_OFF + hv * Dv + tid]);
+      y[YO + t * (Hv * Dv) + hv * Dv + tid] = static_cast<InT>(z / (1.f + expf(-z)) * xn);
     }
     __syncthreads();  // the next position rewrites the shared rows
   }
@@ -151,7 +156,7 @@ GDN_FUSED_SOURCE = r"""
 
 
 def fused_source(T: int) -> str:
-    stores = " ".join(f"if (t == {i}) state_{i}[at] = st[r][i];" for i in range(T))
+    stores = " ".join(f"if (t == {i}) state_{i}[SO + at] = st[r][i];" for i in range(T))
     return GDN_FUSED_SOURCE.replace("GDN_FUSED_STORE_STATES", stores)
 
 
@@ -178,18 +183,20 @@ def consts(Dk: int, norm_eps: float) -> mx.array:
 
 def gdn_fused(proj, offsets: Tuple[int, int, int], conv_state, conv_w, neg_a, dt_bias, norm_w, cst, state,
               dims: Tuple[int, int, int, int, int]) -> Tuple[mx.array, mx.array, List[mx.array]]:
-    """proj [..., T, NTOT] (the joined q|k|v, z, b, a), conv_state [..., K-1, C], conv_w [C, K],
-    state [1, Hv, Dv, Dk] fp32 -> (y [..., T, Hv*Dv], conv_input [..., K-1+T, C], T states)."""
+    """proj [B, T, NTOT] (the joined q|k|v, z, b, a), conv_state [B, K-1, C], conv_w [C, K],
+    state [B, Hv, Dv, Dk] fp32 -> (y [B, T, Hv*Dv], conv_input [B, K-1+T, C], T states [B, Hv, Dv, Dk]).
+    One launch for the batch: each sequence's blocks compute it as alone (one row of blocks each)."""
     Hk, Hv, Dk, Dv, K = dims
     T, ntot = proj.shape[-2], proj.shape[-1]
     C = conv_state.shape[-1]
     lead = proj.shape[:-2]
+    batch = proj.size // (T * ntot)
     z_off, b_off, a_off = offsets
     outs = _kernel(T)(
         inputs=[proj, conv_state, conv_w, neg_a, dt_bias, norm_w, cst, state],
         template=[("InT", proj.dtype), ("T", T), ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv), ("K", K),
                   ("NTOT", ntot), ("Z_OFF", z_off), ("B_OFF", b_off), ("A_OFF", a_off), ("NW", WARPS)],
-        grid=(Hv * WARPS * 32, 1, 1),
+        grid=(Hv * WARPS * 32, batch, 1),
         threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(*lead, T, Hv * Dv), (*lead, K - 1 + T, C)] + [state.shape] * T,
         output_dtypes=[proj.dtype, proj.dtype] + [mx.float32] * T,
@@ -198,9 +205,16 @@ def gdn_fused(proj, offsets: Tuple[int, int, int], conv_state, conv_w, neg_a, dt
 
 
 def reference(proj, offsets, conv_state, conv_w, neg_a, dt_bias, norm_w, cst, state, dims):
-    """gdn_fused as MLX ops with the kernel's rounding points (proj [1, T, NTOT], conv_state
-    [1, K-1, C]): what the GPU check holds the kernel to, and the CPU tests' stand-in for it."""
+    """gdn_fused as MLX ops with the kernel's rounding points (proj [B, T, NTOT], conv_state
+    [B, K-1, C]; each sequence alone, as the kernel's blocks compute it): what the GPU check holds
+    the kernel to, and the CPU tests' stand-in for it."""
     from .gdn import recurrence
+
+    if proj.shape[0] > 1:
+        runs = [reference(proj[b:b + 1], offsets, conv_state[b:b + 1], conv_w, neg_a, dt_bias, norm_w, cst,
+                          state[b:b + 1], dims) for b in range(proj.shape[0])]
+        return (mx.concatenate([r[0] for r in runs]), mx.concatenate([r[1] for r in runs]),
+                [mx.concatenate(s) for s in zip(*(r[2] for r in runs))])
 
     Hk, Hv, Dk, Dv, K = dims
     T, dt, f32 = proj.shape[-2], proj.dtype, mx.float32

@@ -103,11 +103,9 @@ class GpuKernels(MlxOps):
             self._gdn_inputs[id(p)] = (conv_w, cst)
         conv_w, cst = self._gdn_inputs[id(p)]
         proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
-        # A batch's rows share the product; each sequence then runs the middle alone, one launch
-        # each, so that it computes what it computes decoding alone (batched == alone).
-        return _as_batch([gdn_fused.gdn_fused(proj[b:b + 1], tuple(joined.ends[:3]), conv_state[b:b + 1], conv_w,
-                                              p.neg_A, at.dt_bias, at.norm.weight, cst, state[b:b + 1],
-                                              (p.Hk, p.Hv, p.Dk, p.Dv, p.K)) for b in range(xn.shape[0])])
+        # One launch for a batch: the kernel's blocks compute each sequence alone (batched == alone).
+        return gdn_fused.gdn_fused(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, at.dt_bias,
+                                   at.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
 
     def _rows(self, module, x, plain):
         if self.row_kernel and _kernel_fits(module, x):
