@@ -579,8 +579,17 @@ def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_
 
     monkeypatch.setattr(gdn_fused, "gdn_fused", gdn_fused.reference)
     monkeypatch.setattr(cuda_attention, "gated_attention", cuda_attention.reference)
+    monkeypatch.setattr(cuda_attention, "gated_attention_batch", cuda_attention.reference_batch)
     assert kernels.check_fused_gdn() is None
     assert kernels.check_attention() is None
+
+    def sequence_variant_attention(q, ks, vs, gate, scale):  # a batch that rounds once more
+        y = cuda_attention.reference_batch(q, ks, vs, gate, scale)
+        return (y.astype(mx.float32) * 1.01).astype(y.dtype)
+
+    monkeypatch.setattr(cuda_attention, "gated_attention_batch", sequence_variant_attention)
+    assert "changes with the sequences beside it" in kernels.check_attention()
+    monkeypatch.setattr(cuda_attention, "gated_attention_batch", cuda_attention.reference_batch)
 
     def row_variant(q, k, v, gate, scale):  # a row that sees one key less when it travels alone
         y = cuda_attention.reference(q, k, v, gate, scale)
@@ -609,7 +618,7 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
     kernel on (row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), here
     with each kernel's reference standing in. Three greedy requests joining at different steps
     decode, AR and MTP at depth 2, exactly what each decodes alone; the batch's linears ran
-    several sequences' rows in one product, and its Gated-DeltaNet middles one launch."""
+    several sequences' rows in one product, and its Gated-DeltaNet middles and attention one launch."""
     from adapters.kernels import cuda_attention, gdn_fused
     from tests.test_batch import run_batched
 
@@ -630,6 +639,13 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         return (cuda_attention.reference(q, k, v, gate, scale).astype(mx.float32) * (1 + 2**-6)).astype(q.dtype)
 
     monkeypatch.setattr(cuda_attention, "gated_attention", attention)
+    attention_launches = []
+
+    def attention_batch(q, ks, vs, gate, scale):  # each sequence through the stand-in above, alone
+        attention_launches.append(len(ks))
+        return mx.concatenate([attention(q[b:b + 1], k, v, gate[b:b + 1], scale) for b, (k, v) in enumerate(zip(ks, vs))])
+
+    monkeypatch.setattr(cuda_attention, "gated_attention_batch", attention_batch)
     few = backends.CompiledGpuKernels("cuda", fused_gdn=True, fused_attention=True)
     ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
     ad.backend.batch = few
@@ -644,6 +660,7 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         assert batched == alone, mode
         assert max(sizes) == 3 and max(rows for rows, _ in calls) > 1, mode
         assert max(middles) == 3, mode  # the fused middle: one launch for the batch's sequences
+        assert max(attention_launches) == 3, mode  # and the attention: one launch pair
 
 
 def test_every_kernels_name_changes_with_its_code(monkeypatch):

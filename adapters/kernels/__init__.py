@@ -93,7 +93,8 @@ def check_gdn_prefill(seed: int = 0) -> Optional[str]:
 
 
 def check_attention(seed: int = 0) -> Optional[str]:
-    """cuda_attention against its reference, and 3 rows together == each alone (bit for bit)."""
+    """cuda_attention against its reference, 3 rows together == each alone, and two sequences of
+    other lengths in one launch == each alone (bit for bit)."""
     nh, nkv, hd, S, L = 4, 2, 128, 200, 3  # two key chunks
     ks = mx.random.split(mx.random.key(seed), 4)
     buf = [mx.random.normal((1, nkv, 256, hd), key=ks[i]).astype(mx.bfloat16) for i in (0, 1)]
@@ -109,6 +110,16 @@ def check_attention(seed: int = 0) -> Optional[str]:
         alone = cuda_attention.gated_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], gate[:, i:i + 1], hd**-0.5)
         if not bool(mx.array_equal(alone, y[:, i:i + 1])):
             return f"the attention kernel's row {i} changes with the rows beside it"
+    # A batch in one launch pair: a shorter sequence (one key chunk, its own keys) beside this
+    # one, each as alone.
+    short_k, short_v = buf[0][:, :, 100:190], buf[1][:, :, 100:190]
+    q2 = (q * -0.75).astype(q.dtype)
+    both = cuda_attention.gated_attention_batch(mx.concatenate([q, q2]), [k, short_k], [v, short_v],
+                                                mx.concatenate([gate, gate[:, ::-1]]), hd**-0.5)
+    second = cuda_attention.gated_attention(q2, short_k, short_v, gate[:, ::-1], hd**-0.5)
+    for b, alone in enumerate((y, second)):
+        if not bool(mx.array_equal(both[b:b + 1], alone)):
+            return f"the attention kernel's sequence {b} changes with the sequences beside it"
     return None
 
 

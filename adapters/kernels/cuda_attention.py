@@ -30,17 +30,19 @@ from .naming import versioned
 
 CHUNK = 128  # keys per partial: fixed positions in the cache, so a row's split never depends on L
 MAX_ROWS = 8
+MAX_SEQUENCES = 8  # a launch's sequences (each one its own key and value inputs)
 HEAD_DIMS = (128, 256)
 
 PARTIALS = r"""
-  // q [1, nh, L, HD] (strided), k, v [1, nkv, S, HD] (strided, last stride 1); consts[0] = scale.
-  // Out: pm, pl [L, nh, C]; po [L, nh, C, HD] (fp32).
+  // q [B, nh, L, HD] (strided); sequence b's keys and values k_b, v_b [1, nkv, S_b, HD] (strided,
+  // last stride 1; the block's sequence picks its own below); consts[0] = scale.
+  // Out: pm, pl [B, L, nh, C]; po [B, L, nh, C, HD] (fp32), C the batch's widest chunk count.
+PARTIALS_SEQUENCE
   constexpr int VPL = HD / 32;   // a lane's share of one key's dims
   constexpr int DPT = HD / 128;  // a thread's share of the output dims
   const int L = q_shape[2];
-  const int S = k_shape[2];
   const int nh = q_shape[1];
-  const int C = (S + CHUNK - 1) / CHUNK;
+  const int C = gridDim.x / L;  // chunks past a sequence's own keys are written empty (see combine)
   // A chunk's rows are neighbours in the grid (blockIdx.x = chunk * L + row): they run together
   // and read the chunk's keys and values once from memory, the rest from L2.
   const int c = blockIdx.x / L, i = blockIdx.x % L, kvh = blockIdx.y;
@@ -55,13 +57,13 @@ PARTIALS = r"""
 
   for (int idx = tid; idx < G * HD; idx += 128) {
     const int g = idx / HD, d = idx % HD;
-    sq[g][d] = static_cast<float>(q[(kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
+    sq[g][d] = static_cast<float>(q[b * q_strides[0] + (kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
   }
   __syncthreads();
   if (cnt > 0) {
 #pragma unroll 4
     for (int j = warp; j < cnt; j += 4) {  // a warp per key, its lanes over the dims
-      const T* kr = k + kvh * k_strides[1] + (k0 + j) * k_strides[2] + lane * VPL;
+      const T* kr = kp + kvh * k1 + (k0 + j) * k2 + lane * VPL;
       float dot[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) dot[g] = 0.f;
@@ -94,7 +96,7 @@ PARTIALS = r"""
     }
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
     if (lane == 0) {
-      const int at = (i * nh + kvh * G + g) * C + c;
+      const int at = ((b * L + i) * nh + kvh * G + g) * C + c;
       pm[at] = m;
       pl[at] = l;
     }
@@ -110,7 +112,7 @@ PARTIALS = r"""
     for (int g = 0; g < G; ++g) acc[e][g] = 0.f;
 #pragma unroll 8
   for (int j = 0; j < cnt; ++j) {
-    const T* vr = v + kvh * v_strides[1] + (k0 + j) * v_strides[2] + d0;
+    const T* vr = vp + kvh * v1 + (k0 + j) * v2 + d0;
 #pragma unroll
     for (int e = 0; e < DPT; ++e) {
       const float vv = static_cast<float>(vr[e]);
@@ -121,18 +123,19 @@ PARTIALS = r"""
 #pragma unroll
   for (int e = 0; e < DPT; ++e)
 #pragma unroll
-    for (int g = 0; g < G; ++g) po[((size_t)(i * nh + kvh * G + g) * C + c) * HD + d0 + e] = acc[e][g];
+    for (int g = 0; g < G; ++g) po[((size_t)((b * L + i) * nh + kvh * G + g) * C + c) * HD + d0 + e] = acc[e][g];
 """
 
 COMBINE = r"""
-  // pm, pl [L, nh, C], po [L, nh, C, HD]; gate [1, L, nh * HD] (contiguous) -> y [1, L, nh * HD]
-  const int C = pm_shape[2];
-  const int L = pm_shape[0];
-  const int nh = pm_shape[1];
-  const int h = blockIdx.x, i = blockIdx.y, d = threadIdx.x;
-  const int base = (i * nh + h) * C;
+  // pm, pl [B, L, nh, C], po [B, L, nh, C, HD]; gate [B, L, nh * HD] (contiguous) -> y [B, L, nh * HD]
+  const int L = pm_shape[1];
+  const int nh = pm_shape[2];
+  const int C = pm_shape[3];
+  const int h = blockIdx.x, i = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+  const int row = (b * L + i) * nh + h;
+  const int base = row * C;
   // Chunks past this row's keys hold max -inf, sum 0 and zeros: they add exact zeros, so a row's
-  // result is the same whatever C (the last row's chunk count) is. Unrolled: several chunks'
+  // result is the same whatever C (the last row's, or the batch's widest) is. Unrolled: several chunks'
   // loads in flight, the sums in chunk order as before.
   float M = -__int_as_float(0x7f800000);  // -inf
 #pragma unroll 8
@@ -145,16 +148,30 @@ COMBINE = r"""
     o += po[(size_t)(base + c) * HD + d] * w;
   }
   const float a = static_cast<float>(static_cast<T>(o / l));
-  const float gv = static_cast<float>(gate[(i * nh + h) * HD + d]);
+  const float gv = static_cast<float>(gate[row * HD + d]);
   const float sg = static_cast<float>(static_cast<T>(1.f / (1.f + expf(-gv))));
-  y[(i * nh + h) * HD + d] = static_cast<T>(a * sg);
+  y[row * HD + d] = static_cast<T>(a * sg);
 """
 
 
+def partials_source(B: int) -> str:
+    """PARTIALS for a launch of B sequences: block row b (blockIdx.z) reads sequence b's keys and
+    values, each its own cache's view (the arrays differ in length, so each is an input)."""
+    pick = ["  const int b = blockIdx.z;",
+            "  const T* kp = k_0;", "  const T* vp = v_0;", "  int S = k_0_shape[2];",
+            "  long long k1 = k_0_strides[1], k2 = k_0_strides[2], v1 = v_0_strides[1], v2 = v_0_strides[2];"]
+    for i in range(1, B):
+        pick.append(f"  if (b == {i}) {{ kp = k_{i}; vp = v_{i}; S = k_{i}_shape[2]; k1 = k_{i}_strides[1]; "
+                    f"k2 = k_{i}_strides[2]; v1 = v_{i}_strides[1]; v2 = v_{i}_strides[2]; }}")
+    return PARTIALS.replace("PARTIALS_SEQUENCE", "\n".join(pick))
+
+
 @lru_cache(maxsize=None)
-def _partials():
-    return mx.fast.cuda_kernel(name=versioned("mtp_attn_partials", PARTIALS), input_names=["q", "k", "v", "consts"],
-                               output_names=["pm", "pl", "po"], source=PARTIALS, ensure_row_contiguous=False)
+def _partials(B: int = 1):
+    source = partials_source(B)
+    return mx.fast.cuda_kernel(name=versioned(f"mtp_attn_partials_{B}", source),
+                               input_names=["q", *(f"k_{i}" for i in range(B)), *(f"v_{i}" for i in range(B)), "consts"],
+                               output_names=["pm", "pl", "po"], source=source, ensure_row_contiguous=False)
 
 
 @lru_cache(maxsize=None)
@@ -169,7 +186,8 @@ def _combine():
 
 
 def supported(q_shape, k_shape, dtype) -> bool:
-    """q [1, nh, L, hd], k [1, nkv, S, hd]: what gated_attention serves."""
+    """q [1, nh, L, hd], k [1, nkv, S, hd]: what gated_attention serves (one sequence; a batch's
+    sequences each)."""
     if len(q_shape) != 4 or len(k_shape) != 4 or q_shape[0] != 1 or k_shape[0] != 1:
         return False
     _, nh, L, hd = q_shape
@@ -182,21 +200,29 @@ def gated_attention(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale
     """softmax(q k^T * scale) v for each row over its own keys (row i of L: the first S-L+i+1),
     times sigmoid(gate): q [1, nh, L, hd], k, v [1, nkv, S, hd] (views of the cache are read in
     place), gate [1, L, nh * hd] -> [1, L, nh * hd] in q's dtype."""
-    _, nh, L, hd = q.shape
-    nkv, S = k.shape[1], k.shape[2]
-    C = -(-S // CHUNK)
-    pm, pl, po = _partials()(
-        inputs=[q, k, v, _scale(scale)],
+    return gated_attention_batch(q, [k], [v], gate, scale)
+
+
+def gated_attention_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float) -> mx.array:
+    """gated_attention for B sequences in two launches: q [B, nh, L, hd], sequence b's keys and
+    values ks[b], vs[b] [1, nkv, S_b, hd] (its own cache's views), gate [B, L, nh * hd] ->
+    [B, L, nh * hd]. Each sequence computes what it computes alone: its chunks are its own, and
+    the chunks a longer neighbour adds are empty ones, which add exact zeros."""
+    B, nh, L, hd = q.shape
+    nkv = ks[0].shape[1]
+    C = max(-(-k.shape[2] // CHUNK) for k in ks)
+    pm, pl, po = _partials(B)(
+        inputs=[q, *ks, *vs, _scale(scale)],
         template=[("T", q.dtype), ("HD", hd), ("G", nh // nkv), ("CHUNK", CHUNK)],
-        grid=(C * L * 128, nkv, 1), threadgroup=(128, 1, 1),
-        output_shapes=[(L, nh, C), (L, nh, C), (L, nh, C, hd)],
+        grid=(C * L * 128, nkv, B), threadgroup=(128, 1, 1),
+        output_shapes=[(B, L, nh, C), (B, L, nh, C), (B, L, nh, C, hd)],
         output_dtypes=[mx.float32] * 3,
     )
     (y,) = _combine()(
         inputs=[pm, pl, po, mx.contiguous(gate)],
         template=[("T", q.dtype), ("HD", hd)],
-        grid=(nh * hd, L, 1), threadgroup=(hd, 1, 1),
-        output_shapes=[(1, L, nh * hd)], output_dtypes=[q.dtype],
+        grid=(nh * hd, L, B), threadgroup=(hd, 1, 1),
+        output_shapes=[(B, L, nh * hd)], output_dtypes=[q.dtype],
     )
     return y
 
@@ -210,3 +236,8 @@ def reference(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale: floa
                                                  scale=scale) for i in range(L)]
     o = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(1, L, nh * hd)
     return o * mx.sigmoid(gate.reshape(1, L, nh * hd))
+
+
+def reference_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float) -> mx.array:
+    """gated_attention_batch as each sequence's reference alone (the CPU tests' stand-in)."""
+    return mx.concatenate([reference(q[b:b + 1], k, v, gate[b:b + 1], scale) for b, (k, v) in enumerate(zip(ks, vs))])

@@ -89,6 +89,13 @@ class GpuKernels(MlxOps):
             return None
         return cuda_attention.gated_attention(q, k, v, gate, p.scale)
 
+    def attention_gated_batch(self, p: AttnParams, q, fetched, gate, caches):
+        # One launch pair for the batch (each sequence's rows over its own keys, as alone).
+        if not self.fused_attention or len(fetched) == 1 or len(fetched) > cuda_attention.MAX_SEQUENCES or any(
+                c is None or not cuda_attention.supported(q[:1].shape, k.shape, q.dtype) for (k, _), c in zip(fetched, caches)):
+            return super().attention_gated_batch(p, q, fetched, gate, caches)
+        return cuda_attention.gated_attention_batch(q, [k for k, _ in fetched], [v for _, v in fetched], gate, p.scale)
+
     def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections or xn.ndim != 3:
             return None

@@ -289,9 +289,9 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
             fetched = [c.update_and_fetch(k[b:b + 1], v[b:b + 1]) for b, c in enumerate(cs)]
             # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
             # only on shapes every sequence shares), else attention over its own cache, then the gate.
-            gated = [run.attention_gated(p, q[b:b + 1], kb, vb, gate[b:b + 1], cs[b]) for b, (kb, vb) in enumerate(fetched)]
-            if all(g is not None for g in gated):
-                h = run.attention_out(p, h, mx.concatenate(gated), None)
+            gated = run.attention_gated_batch(p, q, fetched, gate, cs)
+            if gated is not None:
+                h = run.attention_out(p, h, gated, None)
             else:
                 outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, cs[b])
                         for b, (kb, vb) in enumerate(fetched)]

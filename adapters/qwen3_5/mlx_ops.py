@@ -88,6 +88,13 @@ class MlxOps:
         one kernel; None where the backend has none (then sdpa and attention_out's gate)."""
         return None
 
+    def attention_gated_batch(self, p: AttnParams, q, fetched, gate, caches):
+        """A batch's attention_gated: sequence b's rows q[b] over its own cache's keys and values
+        fetched[b], each as alone; None where a sequence has no kernel."""
+        gated = [self.attention_gated(p, q[b:b + 1], k, v, gate[b:b + 1], c)
+                 for b, ((k, v), c) in enumerate(zip(fetched, caches))]
+        return mx.concatenate(gated) if all(g is not None for g in gated) else None
+
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         kernel = _metal_kernel_fits(k)
         if not capture:
