@@ -368,10 +368,14 @@ def test_fast_rng_for_big_draws():
 
 def test_the_moe_gpu_checkpoint_builder_at_a_small_shape(tmp_path):
     """scripts/gpu/gpu_make_checkpoint.py's MoE path (the 35B-A3B / Next-80B-A3B shapes on a GPU), at a
-    shape this CPU runs: it loads, with its bf16 head, and greedy MTP == AR."""
-    from scripts.gpu.gpu_make_checkpoint import build_moe
+    shape this CPU runs: it loads, with its bf16 head and the real models' context, and greedy MTP == AR."""
+    import json
 
-    ad = load_adapter(build_moe(str(tmp_path / "moe"), "moe-small"))
+    from scripts.gpu.gpu_make_checkpoint import CONTEXT, build_moe
+
+    ckpt = build_moe(str(tmp_path / "moe"), "moe-small")
+    ad = load_adapter(ckpt)
+    assert ad.context_length == CONTEXT == json.loads((ckpt / "tokenizer_config.json").read_text())["model_max_length"]
     assert ad.contract.family == "qwen3_5_moe" and ad.contract.num_experts == 4
     assert ad.contract.trunk_quantization["bits"] == 4 and ad.contract.mtp_quantization is None
     assert ad.contract.hidden_variant_source.startswith("family default")

@@ -75,6 +75,35 @@ def system_prompt(chars: int) -> str:
     return "".join(out)
 
 
+def answered(resp, key: str):
+    """`key` of an API call's JSON answer; an error (or an answer without it) ends the run with the
+    call, its HTTP status and its body (a context the prompt does not fit: 400 "prompt is too long")."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if resp.is_success and isinstance(body, dict) and key in body:
+        return body[key]
+    raise SystemExit(f"{resp.request.method} {resp.request.url.path} answered HTTP {resp.status_code} "
+                     f"without {key!r}: {resp.text[:4000]}")
+
+
+def count_tokens(url: str, model_id: str, system: str) -> int:
+    """The prompt's tokens for `system` and one short user message (`/v1/messages/count_tokens`)."""
+    import httpx
+
+    body = {"model": model_id, "system": system, "messages": [{"role": "user", "content": "hi"}]}
+    return answered(httpx.post(url + "/v1/messages/count_tokens", json=body, timeout=600), "input_tokens")
+
+
+def chars_per_token(url: str, model_id: str) -> float:
+    """Of this repository's source under the served model's tokenizer (sizes the prompt's parts):
+    8,000 characters counted in two halves, each within a 4,096-token context (whole, they were
+    4,520 tokens under the random checkpoints' byte-level BPE)."""
+    sample, empty = source_text(8000, 0), count_tokens(url, model_id, "")
+    return len(sample) / sum(count_tokens(url, model_id, sample[i:i + 4000]) - empty for i in (0, 4000))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,13 +113,21 @@ def free_port() -> int:
 class Server:
     """`python -m webapp` on a free port with its own prefix-cache folder."""
 
-    def __init__(self, model: str, cache_dir: str, log):
+    def __init__(self, model: str, cache_dir: str, log, warmup: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1", MTP_CHAT_CACHE_DIR=cache_dir)
         self.log = open(log, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", model, "--port", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", model, "--port", str(self.port)]
+                                     + ([] if warmup else ["--no-warmup"]),
                                      cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.model_id = self._ready(log)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _ready(self, log) -> str:
         import httpx
 
         deadline = time.monotonic() + 600
@@ -99,23 +136,14 @@ class Server:
                 raise SystemExit(f"the server exited with {self.proc.returncode}: see {log}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    self.model_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
-                    return
+                    return answered(httpx.get(self.url + "/v1/models"), "data")[0]["id"]
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise SystemExit(f"the server did not start within 600 s: see {log}")
 
     def chars_per_token(self) -> float:
-        """Of this repository's source under the served model's tokenizer (sizes the prompt's parts)."""
-        import httpx
-
-        def count(system: str) -> int:
-            body = {"model": self.model_id, "system": system, "messages": [{"role": "user", "content": "hi"}]}
-            return httpx.post(self.url + "/v1/messages/count_tokens", json=body).json()["input_tokens"]
-
-        sample = source_text(8000, 0)
-        return len(sample) / (count(sample) - count(""))
+        return chars_per_token(self.url, self.model_id)
 
     def stop(self) -> None:
         time.sleep(1.0)   # the reply's conversation is snapshotted in idle time, as between an agent's turns
@@ -123,15 +151,29 @@ class Server:
         self.proc.wait(120)
         self.log.close()
 
+    def kill(self) -> None:
+        """After a failure: the server must not outlive the run (it would hold the CPU or GPU)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(60)
+        self.log.close()
+
 
 def one_turn(client, model_id: str, system: str, messages: list, choice: dict, max_tokens: int) -> dict:
+    import anthropic
+
     t0, mtp = time.perf_counter(), {}
-    with client.messages.stream(model=model_id, system=system, messages=messages, tools=TOOLS, tool_choice=choice,
-                                max_tokens=max_tokens, extra_body={"temperature": 0}) as stream:
-        for event in stream:
-            if event.type == "message_delta":
-                mtp = (event.model_extra or {}).get("mtp") or {}
-        reply = stream.get_final_message()
+    try:
+        with client.messages.stream(model=model_id, system=system, messages=messages, tools=TOOLS,
+                                    tool_choice=choice, max_tokens=max_tokens,
+                                    extra_body={"temperature": 0}) as stream:
+            for event in stream:
+                if event.type == "message_delta":
+                    mtp = (event.model_extra or {}).get("mtp") or {}
+            reply = stream.get_final_message()
+    except anthropic.APIStatusError as exc:   # a refusal, or an error event in the stream
+        body = json.dumps(exc.body) if exc.body is not None else exc.response.text
+        raise SystemExit(f"POST /v1/messages answered HTTP {exc.status_code}: {body[:4000]}") from None
     use = reply.usage
     cached = use.cache_read_input_tokens or 0
     # A tool call reaches the client whole, after its last token: the server's own time to first
@@ -158,31 +200,36 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str) -> list:
     import anthropic
 
     messages, rows, server, system = [{"role": "user", "content": TASK}], [], None, None
-    for turn in range(1, args.turns + 1):
-        if server is None or restart:
-            if server is not None:
-                server.stop()
-            server = Server(model, cache_dir, log)
-        if system is None:
-            cpt = server.chars_per_token()
-            system = system_prompt(int(args.system_tokens * cpt))
-        client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
-        choice = {"type": "any"} if turn < args.turns else {"type": "auto"}
-        row = one_turn(client, server.model_id, system, messages, choice, args.max_tokens)
-        if rows:
-            before = rows[-1]
-            row["new_tokens"] = row["prompt_tokens"] - before["prompt_tokens"] - before["output_tokens"]
-        else:
-            row["new_tokens"] = row["prompt_tokens"]
-        row["prefilled_over_new"] = row["prefilled_tokens"] / max(1, row["new_tokens"])
-        row["turn"] = turn
-        rows.append(row)
-        print(f"{'restart' if restart else 'warm'} turn {turn}: prompt {row['prompt_tokens']}, cached "
-              f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
-              f"(x{row['prefilled_over_new']:.2f}), ttft {row['ttft_s']:.3f} s (prefill {row['prefill_s']:.3f} s), "
-              f"{row['stop_reason']}", flush=True)
-        sizes = args.result_tokens
-        messages = next_messages(messages, row, int(cpt * sizes[(turn - 1) % len(sizes)]), turn)
+    try:
+        for turn in range(1, args.turns + 1):
+            if server is None or restart:
+                if server is not None:
+                    server.stop()
+                server = Server(model, cache_dir, log, warmup=not args.no_warmup)
+            if system is None:
+                cpt = server.chars_per_token()
+                system = system_prompt(int(args.system_tokens * cpt))
+            client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
+            choice = {"type": "any"} if turn < args.turns else {"type": "auto"}
+            row = one_turn(client, server.model_id, system, messages, choice, args.max_tokens)
+            if rows:
+                before = rows[-1]
+                row["new_tokens"] = row["prompt_tokens"] - before["prompt_tokens"] - before["output_tokens"]
+            else:
+                row["new_tokens"] = row["prompt_tokens"]
+            row["prefilled_over_new"] = row["prefilled_tokens"] / max(1, row["new_tokens"])
+            row["turn"] = turn
+            rows.append(row)
+            print(f"{'restart' if restart else 'warm'} turn {turn}: prompt {row['prompt_tokens']}, cached "
+                  f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
+                  f"(x{row['prefilled_over_new']:.2f}), ttft {row['ttft_s']:.3f} s (prefill {row['prefill_s']:.3f} s), "
+                  f"{row['stop_reason']}", flush=True)
+            sizes = args.result_tokens
+            messages = next_messages(messages, row, int(cpt * sizes[(turn - 1) % len(sizes)]), turn)
+    except BaseException:
+        if server is not None:
+            server.kill()
+        raise
     server.stop()
     rate = rows[0]["prefilled_tokens"] / rows[0]["prefill_s"]
     for row in rows:
@@ -201,6 +248,9 @@ def main(argv=None) -> int:
                     help="the tools' results' sizes, turn after turn")
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="start the server without its warm-up (minutes on a CPU); the first turn after each "
+                         "start then also compiles")
     ap.add_argument("--json", required=True)
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="agent-session-"))

@@ -13,6 +13,11 @@ make_tiny_checkpoint's own code. The MoE shapes do not fit that path (it holds e
 float32 on the host: 140 GB for 35B): `build_moe` makes each weight on the device in bf16,
 quantizes the trunk with mlx-lm and writes the head as a bf16 sidecar (Hugging Face names, the
 MoE head kept in bf16 as recommended), layer by layer in memory.
+
+Every shape gets the real models' context, 262,144 tokens (`max_position_embeddings` in
+config.json, `model_max_length` in tokenizer_config.json; --context sets another):
+make_tiny_checkpoint's default of 4,096 made the server refuse the agent stage's 20k-token
+system prompt (and agent_session.py's 8,000-character sample, 4,520 tokens with this tokenizer).
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ from scripts.checkpoints import make_tiny_checkpoint as mtc  # noqa: E402
 from scripts.checkpoints.shards import save_trunk  # noqa: E402
 from scripts.checkpoints.tokenizer_files import EOS_TOKEN, write_tokenizer  # noqa: E402
 
+# The context of Qwen3.5-9B, Qwen3.6-35B-A3B and Qwen3-Next-80B-A3B (their max_position_embeddings).
+CONTEXT = 262144
 # KNOWLEDGE section 1 / 10: Qwen3.5-9B / Qwythos text config.
 SHAPES = {
     "9b": dict(hidden_size=4096, num_layers=32, full_attention_interval=4, vocab_size=248320,
@@ -41,6 +48,10 @@ SHAPES = {
                       num_heads=8, num_kv_heads=2, head_dim=128, intermediate_size=3072,
                       linear_num_value_heads=16, linear_num_key_heads=8, linear_key_head_dim=64,
                       linear_value_head_dim=64),
+    # The same code on a CPU in seconds (tests/test_agent_session.py serves it).
+    "small": dict(hidden_size=64, num_layers=4, full_attention_interval=2, vocab_size=512, num_heads=4,
+                  num_kv_heads=2, head_dim=16, intermediate_size=128, linear_num_value_heads=4,
+                  linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16),
 }
 # The MoE families (published configs: Qwen/Qwen3.6-35B-A3B, Qwen/Qwen3-Next-80B-A3B-Instruct).
 MOE_SHAPES = {
@@ -81,7 +92,8 @@ def _device_init(name: str, shape, key, dtype):
     return (0.02 * mx.random.normal(shape, key=key)).astype(dtype)
 
 
-def build_moe(out: str, shape: str, bits: int = 4, group_size: int = 64, dtype: str = "bfloat16") -> Path:
+def build_moe(out: str, shape: str, bits: int = 4, group_size: int = 64, dtype: str = "bfloat16",
+              context: int = CONTEXT) -> Path:
     """A MoE-family checkpoint at a real shape: MLX layout, quantized trunk, bf16 head sidecar."""
     import contextlib
     import io
@@ -113,7 +125,8 @@ def build_moe(out: str, shape: str, bits: int = 4, group_size: int = 64, dtype: 
               "quantization", "quantization_config", "mtp_hidden_variant", "mtp_concat_order"):
         config.pop(k, None)
     shutil.rmtree(small)
-    special = write_tokenizer(out, dims["vocab_size"], tc.get("max_position_embeddings", 4096))
+    tc["max_position_embeddings"] = context
+    special = write_tokenizer(out, dims["vocab_size"], context)
     tc["eos_token_id"] = special[EOS_TOKEN]
     tdt = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}[dtype]
 
@@ -167,12 +180,13 @@ class FastRng:
         return getattr(self._np, name)
 
 
-def build(out: str, shape: str = "9b", bits: int = 4, group_size: int = 64, dtype: str = "bfloat16") -> Path:
+def build(out: str, shape: str = "9b", bits: int = 4, group_size: int = 64, dtype: str = "bfloat16",
+          context: int = CONTEXT) -> Path:
     real = np.random.default_rng
     np.random.default_rng = FastRng  # make_tiny_checkpoint calls np.random.default_rng(seed)
     try:
         return mtc.make_tiny_checkpoint(out, bits=bits, group_size=group_size, mtp_bits=bits,
-                                        dtype=dtype, **SHAPES[shape])
+                                        dtype=dtype, max_position_embeddings=context, **SHAPES[shape])
     finally:
         np.random.default_rng = real
 
@@ -184,11 +198,14 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--context", type=int, default=CONTEXT,
+                    help=f"max_position_embeddings, the server's context in tokens (default {CONTEXT:,})")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     make = build_moe if a.shape in MOE_SHAPES else build
-    path = make(a.out, a.shape, a.bits, a.group_size, a.dtype)
-    print(f"wrote {path} ({a.shape}, {a.bits}-bit g{a.group_size}, {a.dtype}) in {time.perf_counter() - t0:.0f} s")
+    path = make(a.out, a.shape, a.bits, a.group_size, a.dtype, a.context)
+    print(f"wrote {path} ({a.shape}, {a.bits}-bit g{a.group_size}, {a.dtype}, context {a.context:,}) "
+          f"in {time.perf_counter() - t0:.0f} s")
     return 0
 
 

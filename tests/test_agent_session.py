@@ -1,0 +1,102 @@
+"""scripts/bench/agent_session.py's calls to the API (the GPU bench's `agent` stage) on a served
+checkpoint: the random GPU-shape checkpoints (scripts/gpu/gpu_make_checkpoint.py) hold the
+stage's 20k-token system prompt, and an API error ends the run with its status and body."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._webapp_helpers import make_host, served
+
+anthropic = pytest.importorskip("anthropic")
+pytest.importorskip("httpx")
+
+from scripts.bench import agent_session as agent  # noqa: E402
+
+SYSTEM_TOKENS = 20000   # gpu_bench.sh's agent stage: --system-tokens 20000
+
+
+@pytest.fixture(scope="module")
+def gpu_shape_url(tmp_path_factory):
+    """The server on a checkpoint from gpu_make_checkpoint.py's own path, at a CPU-sized shape."""
+    from scripts.gpu.gpu_make_checkpoint import build
+
+    ckpt = build(str(tmp_path_factory.mktemp("gpu_small") / "model"), "small")
+    with served(make_host(ckpt), keepalive=0.2) as (url, _):
+        yield ckpt, url
+
+
+@pytest.fixture(scope="module")
+def window_4k_url(tiny_checkpoint):
+    """A checkpoint of 4,096 tokens of context (make_tiny_checkpoint's default)."""
+    with served(make_host(tiny_checkpoint(template="qwen3_5")), keepalive=0.2) as (url, _):
+        yield url
+
+
+def test_the_gpu_checkpoints_have_the_real_models_context(gpu_shape_url):
+    """The 9B shape's context was make_tiny_checkpoint's 4,096 tokens: the server refused the
+    agent stage's first call (count_tokens of an 8,000-character sample, 4,520 tokens) with a 400
+    "prompt is too long", and would have refused the 20k-token system prompt after it."""
+    from adapters import load_adapter
+    from scripts.gpu.gpu_make_checkpoint import CONTEXT
+
+    ckpt, _ = gpu_shape_url
+    config = json.loads((ckpt / "config.json").read_text())
+    assert CONTEXT == 262144 and config["text_config"]["max_position_embeddings"] == CONTEXT
+    assert json.loads((ckpt / "tokenizer_config.json").read_text())["model_max_length"] == CONTEXT
+    assert load_adapter(ckpt).context_length == CONTEXT
+
+
+def test_a_20k_token_system_prompt_is_counted_on_a_gpu_shape_checkpoint(gpu_shape_url):
+    """What the stage does first: size the system prompt from the tokenizer, then count it."""
+    _, url = gpu_shape_url
+    cpt = agent.chars_per_token(url, "model")
+    assert 1.0 < cpt < 4.0
+    n = agent.count_tokens(url, "model", agent.system_prompt(int(SYSTEM_TOKENS * cpt)))
+    assert 0.8 * SYSTEM_TOKENS < n < 1.25 * SYSTEM_TOKENS
+
+
+def test_an_api_error_ends_the_session_with_its_status_and_body(window_4k_url):
+    """Over the context: count_tokens and a turn both answer 400 "prompt is too long"; the script
+    stops with the call, the status and the body (it raised KeyError: 'input_tokens' before)."""
+    cpt = agent.chars_per_token(window_4k_url, "model")     # the sample fits 4,096 tokens
+    system = agent.system_prompt(int(SYSTEM_TOKENS * cpt))
+    with pytest.raises(SystemExit) as exc:
+        agent.count_tokens(window_4k_url, "model", system)
+    message = str(exc.value)
+    assert message.startswith("POST /v1/messages/count_tokens answered HTTP 400 without 'input_tokens': {")
+    assert '"type":"error"' in message.replace(" ", "") and "prompt is too long" in message
+    assert "context of 4,096 tokens" in message
+
+    client = anthropic.Anthropic(base_url=window_4k_url, api_key="unused", max_retries=0)
+    with pytest.raises(SystemExit) as exc:
+        agent.one_turn(client, "model", system, [{"role": "user", "content": agent.TASK}], {"type": "any"}, 8)
+    message = str(exc.value)
+    assert message.startswith("POST /v1/messages answered HTTP 400: {") and "prompt is too long" in message
+
+    with pytest.raises(SystemExit, match=r"GET /v1/models/nope answered HTTP 404 without 'data': \{"):
+        import httpx
+
+        agent.answered(httpx.get(window_4k_url + "/v1/models/nope"), "data")
+
+
+def test_the_script_stops_its_server_when_a_call_fails(tiny_checkpoint, tmp_path, monkeypatch):
+    """The script end to end (`python -m webapp` started by it) on a 4,096-token checkpoint with
+    the stage's arguments: it ends with the 400 and its body, and no server is left running (one
+    was, after the KeyError, holding the machine)."""
+    started = []
+
+    class Recorded(agent.Server):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(agent, "Server", Recorded)
+    ckpt = tiny_checkpoint(template="qwen3_5")
+    with pytest.raises(SystemExit) as exc:
+        agent.main(["--model", str(ckpt), "--system-tokens", str(SYSTEM_TOKENS), "--result-tokens", "200", "2000",
+                    "--turns", "2", "--max-tokens", "8", "--no-warmup", "--json", str(tmp_path / "out.json")])
+    assert str(exc.value).startswith("POST /v1/messages answered HTTP 400: {") and "prompt is too long" in str(exc.value)
+    assert len(started) == 1 and started[0].proc.poll() is not None
+    assert not (tmp_path / "out.json").exists()
