@@ -270,7 +270,8 @@ def test_the_load_check_covers_the_prefill_kernel_and_a_failure_falls_back(monke
 
 def test_the_gpu_prefill_script_runs_with_the_stand_in(tmp_path, monkeypatch):
     """scripts/gpu/gpu_prefill.py's plumbing on the CPU at small sizes (the reference for the
-    kernel): the kernel checks, the layer timing, our prefill vs mlx-lm's, the chunk sweep."""
+    kernel): the kernel checks, the layer timing, our prefill vs mlx-lm's and both against float32,
+    the chunk sweep."""
     from scripts.gpu import gpu_prefill
 
     monkeypatch.setattr(gdn, "gated_delta_prefill", gdn.gated_delta_prefill)  # --stand-in replaces it
@@ -285,3 +286,5 @@ def test_the_gpu_prefill_script_runs_with_the_stand_in(tmp_path, monkeypatch):
     row = report["prefill"]["40"]
     assert row["ours"]["tok_s"] > 0 and row["mlx_lm"]["tok_s"] > 0 and row["ratio"] > 0
     assert set(report["chunk_sweep"]["chunks"]) == {"16", "32"} and report["chunk_sweep"]["fastest"] in (16, 32)
+    ref = report["fp32_reference"]  # both prefills held to a float32 run of the same weights
+    assert ref["tokens"] == 40 and 0 <= ref["ours_vs_fp32"] < 0.05 and 0 <= ref["mlx_lm_vs_fp32"] < 0.05

@@ -17,6 +17,9 @@ position), so an 8k-token prompt took ~20 s (~400 tok/s) to prefill on the H200.
    its own cache (as generate_step does before its first token): tok/s, their ratio, the
    peak memory of each (mx.get_peak_memory, reset before each), and how far the last
    position's logits are apart.
+   At the --fp32-reference length (the first --lengths; 0: none), mlx-lm's model on the same
+   weights with its activations in float32 gives the reference both are held to: which of the
+   two bf16 prefills is nearer (their logits differed by 7-10 % at 2k-32k on random weights).
 4. Our prefill of a --sweep-length prompt at each --chunks size (core/stream.py PREFILL_CHUNK is
    512: change it only on such a measurement).
 --stand-in runs the reference in the kernel's place and the prefill runner on whatever device
@@ -151,6 +154,22 @@ def prefill_row(ad, L: int, chunk: int, repeats: int) -> dict:
     return row
 
 
+def fp32_reference(model_path: str, ad, L: int, chunk: int, row: dict) -> None:
+    """mlx-lm's model with every float parameter in float32 (quantized weights stay as stored;
+    their scales in float32 too) over the L-token prompt: each bf16 prefill's logits against it."""
+    from mlx_lm import load as mlx_lm_load
+
+    model, _ = mlx_lm_load(model_path)
+    model.set_dtype(mx.float32)
+    ids = prompt_ids(ad, L)
+    ref = mlx_lm_prefill(model, ids, chunk).astype(mx.float32)
+    for name, fn in (("ours", lambda: ours(ad, ids, chunk)), ("mlx_lm", lambda: mlx_lm_prefill(ad.model, ids, chunk))):
+        got = fn().astype(mx.float32)
+        row[f"{name}_vs_fp32"] = rel_err(got, ref)
+        row[f"{name}_argmax_as_fp32"] = bool((mx.argmax(got, axis=-1) == mx.argmax(ref, axis=-1)).all())
+    del model
+
+
 def sweep(ad, L: int, chunks, repeats: int) -> dict:
     ids = prompt_ids(ad, L)
     rows = {}
@@ -170,6 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layer-tokens", type=int, default=512)
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 32768])
     ap.add_argument("--chunk", type=int, default=stream.PREFILL_CHUNK, help="chunk size of the --lengths runs")
+    ap.add_argument("--fp32-reference", type=int, default=None,
+                    help="prompt length held to a float32 run of mlx-lm's model (default: the first --lengths; 0: none)")
     ap.add_argument("--sweep-length", type=int, default=8192)
     ap.add_argument("--chunks", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--repeats", type=int, default=2)
@@ -202,6 +223,13 @@ def main(argv=None) -> int:
         log(f"prefill {L} tokens: ours {row['ours']['tok_s']:.0f} tok/s, mlx_lm {row['mlx_lm']['tok_s']:.0f} tok/s "
             f"({row['ratio']:.2f}x), peak {row['ours']['peak_gb']:.2f} / {row['mlx_lm']['peak_gb']:.2f} GB, "
             f"logits rel err {row['logits_rel_err']:.2e}")
+    L32 = a.lengths[0] if a.fp32_reference is None else a.fp32_reference
+    if L32:
+        report["fp32_reference"] = row = {"tokens": L32}
+        fp32_reference(a.model, ad, L32, a.chunk, row)
+        log(f"against float32 at {L32} tokens: ours {row['ours_vs_fp32']:.2e} (argmax "
+            f"{'same' if row['ours_argmax_as_fp32'] else 'differs'}), mlx_lm {row['mlx_lm_vs_fp32']:.2e} "
+            f"(argmax {'same' if row['mlx_lm_argmax_as_fp32'] else 'differs'})")
     report["chunk_sweep"] = sweep(ad, a.sweep_length, a.chunks, a.repeats)
     log(f"fastest chunk at {a.sweep_length} tokens: {report['chunk_sweep']['fastest']}")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
