@@ -91,7 +91,7 @@ class GpuKernels(MlxOps):
 
     def attention_gated_batch(self, p: AttnParams, q, fetched, gate, caches):
         # One launch pair for the batch (each sequence's rows over its own keys, as alone).
-        if not self.fused_attention or len(fetched) == 1 or len(fetched) > cuda_attention.MAX_SEQUENCES or any(
+        if not self.fused_attention or len(fetched) > cuda_attention.MAX_SEQUENCES or any(
                 c is None or not cuda_attention.supported(q[:1].shape, k.shape, q.dtype) for (k, _), c in zip(fetched, caches)):
             return super().attention_gated_batch(p, q, fetched, gate, caches)
         return cuda_attention.gated_attention_batch(q, [k for k, _ in fetched], [v for _, v in fetched], gate, p.scale)
