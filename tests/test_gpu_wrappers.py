@@ -758,3 +758,17 @@ def test_a_per_channel_gate_keeps_mlxs_recurrence(monkeypatch):
     assert launches == [2]
     y, states = run.recurrence(q, k, v, mx.full((1, 2, 4, 64), 0.9), beta, state, None, False)
     assert launches == [2] and y.shape == (1, 2, 4, 32) and states[-1].shape == state.shape
+
+
+def test_attention_rows_share_a_partials_block_within_shared_memory():
+    """A verify's rows share a partials block (the keys read once for all of them) as far as
+    their vectors and scores fit the block's 48 KiB of static shared memory."""
+    from adapters.kernels.cuda_attention import CHUNK, MAX_ROWS, rows_per_block
+
+    for G, hd in ((1, 256), (4, 256), (8, 256), (4, 128), (8, 128)):
+        for L in range(1, MAX_ROWS + 1):
+            rb = rows_per_block(L, G, hd)
+            assert 1 <= rb <= L
+            assert 4 * rb * G * (hd + CHUNK) <= 48 * 1024
+    assert [rows_per_block(L, 4, 256) for L in range(1, 9)] == list(range(1, 9))  # the 9B shape: all rows
+    assert rows_per_block(8, 8, 256) == 4

@@ -7,11 +7,11 @@ attention one query at a time (mlx_ops.row_invariant_sdpa): per row a slice of t
 SDPA call, which for head_dim 256 MLX runs as matmul + softmax + matmul set up per call; then the
 gate's transpose, reshape, sigmoid and product. Here:
 
-- `partials`: one block per (key chunk, query row, KV head), a chunk's rows side by side. A chunk is CHUNK keys at a fixed
-  position of the cache (keys [c*CHUNK, (c+1)*CHUNK)), cut to the row's own keys (row i of L sees
-  the first S-L+i+1); the block scores them against its KV head's G query heads (the keys and
-  values read once for the group), and keeps the chunk's max, sum of exponentials and weighted
-  values in fp32;
+- `partials`: one block per (key chunk, KV head, sequence) for all query rows (as many as fit its
+  shared memory). A chunk is CHUNK keys at a fixed position of the cache (keys [c*CHUNK,
+  (c+1)*CHUNK)), cut to each row's own keys (row i of L sees the first S-L+i+1); the block scores
+  them against its rows' G query heads each (the keys and values read once for all of them), and
+  keeps each vector's chunk max, sum of exponentials and weighted values in fp32;
 - `combine`: one block per (query head, row): the row's chunks summed in order, normalised,
   rounded, times sigmoid(gate), written as o_proj reads it ([L, heads * head_dim]).
 
@@ -23,6 +23,7 @@ whole cache every step).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 
 import mlx.core as mx
 
@@ -37,93 +38,108 @@ PARTIALS = r"""
   // q [B, nh, L, HD] (strided); sequence b's keys and values k_b, v_b [1, nkv, S_b, HD] (strided,
   // last stride 1; the block's sequence picks its own below); consts[0] = scale.
   // Out: pm, pl [B, L, nh, C]; po [B, L, nh, C, HD] (fp32), C the batch's widest chunk count.
+  // A block: one chunk of one KV head of one sequence, for RB query rows (R = RB * G query
+  // vectors); NT threads. Every vector's arithmetic is the same whatever RB and NT are: its dot
+  // products by one warp's lanes and a fixed butterfly, its softmax over its own keys by one warp,
+  // its weighted values summed key by key in order. So a row computes what it computes alone.
 PARTIALS_SEQUENCE
   constexpr int VPL = HD / 32;   // a lane's share of one key's dims
-  constexpr int DPT = HD / 128;  // a thread's share of the output dims
+  constexpr int DPT = HD / NT;   // a thread's share of the output dims
+  constexpr int NW = NT / 32;
+  constexpr int R = RB * G;
   const int L = q_shape[2];
   const int nh = q_shape[1];
-  const int C = gridDim.x / L;  // chunks past a sequence's own keys are written empty (see combine)
-  // A chunk's rows are neighbours in the grid (blockIdx.x = chunk * L + row): they run together
-  // and read the chunk's keys and values once from memory, the rest from L2.
-  const int c = blockIdx.x / L, i = blockIdx.x % L, kvh = blockIdx.y;
+  const int NB = (L + RB - 1) / RB;
+  const int C = gridDim.x / NB;  // chunks past a sequence's own keys are written empty (see combine)
+  // A chunk's row blocks are neighbours in the grid (blockIdx.x = chunk * NB + row block).
+  const int c = blockIdx.x / NB, r0 = (blockIdx.x % NB) * RB, kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n = S - L + i + 1;            // this row's keys
   const int k0 = c * CHUNK;
-  const int cnt = min(CHUNK, n - k0);     // this chunk's keys for this row (<= 0: none)
+  int cnt[RB];                            // each row's keys in this chunk (<= 0: none)
+  int top = 0;
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    const int i = r0 + r;
+    cnt[r] = i < L ? min(CHUNK, (S - L + i + 1) - k0) : 0;
+    top = max(top, cnt[r]);
+  }
   const float scale = consts[0];
 
-  __shared__ float sq[G][HD];
-  __shared__ float sp[G][CHUNK];
+  __shared__ float sq[R][HD];
+  __shared__ float sp[R][CHUNK];
 
-  for (int idx = tid; idx < G * HD; idx += 128) {
-    const int g = idx / HD, d = idx % HD;
-    sq[g][d] = static_cast<float>(q[b * q_strides[0] + (kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
+  for (int idx = tid; idx < R * HD; idx += NT) {
+    const int u = idx / HD, d = idx % HD, i = r0 + u / G, g = u % G;
+    sq[u][d] = i < L ? static_cast<float>(q[b * q_strides[0] + (kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]) : 0.f;
   }
   __syncthreads();
-  if (cnt > 0) {
-#pragma unroll 4
-    for (int j = warp; j < cnt; j += 4) {  // a warp per key, its lanes over the dims
-      const T* kr = kp + kvh * k1 + (k0 + j) * k2 + lane * VPL;
-      float dot[G];
+#pragma unroll 2
+  for (int j = warp; j < top; j += NW) {  // a warp per key, its lanes over the dims
+    const T* kr = kp + kvh * k1 + (k0 + j) * k2 + lane * VPL;
+    float kv[VPL];
 #pragma unroll
-      for (int g = 0; g < G; ++g) dot[g] = 0.f;
+    for (int e = 0; e < VPL; ++e) kv[e] = static_cast<float>(kr[e]);
 #pragma unroll
-      for (int e = 0; e < VPL; ++e) {
-        const float kv = static_cast<float>(kr[e]);
+    for (int u = 0; u < R; ++u) {
+      float s = 0.f;
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = fmaf(sq[g][lane * VPL + e], kv, dot[g]);
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float s = dot[g];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) sp[g][j] = s * scale;
-      }
+      for (int e = 0; e < VPL; ++e) s = fmaf(sq[u][lane * VPL + e], kv[e], s);
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) sp[u][j] = s * scale;
     }
   }
   __syncthreads();
-  for (int g = warp; g < G; g += 4) {
-    // A warp per query head: the chunk's max, then its sum of exponentials (each lane's keys in
-    // order, then a fixed butterfly): an order set by the chunk's key count alone.
+  for (int u = warp; u < R; u += NW) {
+    // A warp per query vector: the chunk's max, then its sum of exponentials (each lane's keys in
+    // order, then a fixed butterfly): an order set by the row's key count alone.
+    const int r = u / G, n = r0 + r < L ? min(CHUNK, (S - L + r0 + r + 1) - k0) : 0;  // cnt[r]
     float m = -__int_as_float(0x7f800000);  // -inf
-    for (int j = lane; j < cnt; j += 32) m = fmaxf(m, sp[g][j]);
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, sp[u][j]);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float l = 0.f;
-    for (int j = lane; j < cnt; j += 32) {
-      const float e = expf(sp[g][j] - m);
-      sp[g][j] = e;
+    for (int j = lane; j < n; j += 32) {
+      const float e = expf(sp[u][j] - m);
+      sp[u][j] = e;
       l += e;
     }
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) {
-      const int at = ((b * L + i) * nh + kvh * G + g) * C + c;
+    if (lane == 0 && r0 + r < L) {
+      const int at = ((b * L + r0 + r) * nh + kvh * G + u % G) * C + c;
       pm[at] = m;
       pl[at] = l;
     }
   }
   __syncthreads();
-  // A thread's DPT adjacent output dims, every key of the chunk in order; unrolled so that the
-  // loads of several keys are in flight at once (the sums' order is unchanged).
+  // A thread's DPT adjacent output dims, every key of the chunk in order (a row's own keys only);
+  // unrolled so that several keys' loads are in flight (each sum's order unchanged).
   const int d0 = tid * DPT;
-  float acc[DPT][G];
+  float acc[DPT][R];
 #pragma unroll
   for (int e = 0; e < DPT; ++e)
 #pragma unroll
-    for (int g = 0; g < G; ++g) acc[e][g] = 0.f;
-#pragma unroll 8
-  for (int j = 0; j < cnt; ++j) {
+    for (int u = 0; u < R; ++u) acc[e][u] = 0.f;
+#pragma unroll 4
+  for (int j = 0; j < top; ++j) {
     const T* vr = vp + kvh * v1 + (k0 + j) * v2 + d0;
+    float vv[DPT];
 #pragma unroll
-    for (int e = 0; e < DPT; ++e) {
-      const float vv = static_cast<float>(vr[e]);
+    for (int e = 0; e < DPT; ++e) vv[e] = static_cast<float>(vr[e]);
 #pragma unroll
-      for (int g = 0; g < G; ++g) acc[e][g] = fmaf(sp[g][j], vv, acc[e][g]);
+    for (int u = 0; u < R; ++u) {
+      if (j < cnt[u / G]) {
+#pragma unroll
+        for (int e = 0; e < DPT; ++e) acc[e][u] = fmaf(sp[u][j], vv[e], acc[e][u]);
+      }
     }
   }
 #pragma unroll
-  for (int e = 0; e < DPT; ++e)
+  for (int u = 0; u < R; ++u) {
+    const int i = r0 + u / G;
+    if (i < L) {
 #pragma unroll
-    for (int g = 0; g < G; ++g) po[((size_t)((b * L + i) * nh + kvh * G + g) * C + c) * HD + d0 + e] = acc[e][g];
+      for (int e = 0; e < DPT; ++e) po[((size_t)((b * L + i) * nh + kvh * G + u % G) * C + c) * HD + d0 + e] = acc[e][u];
+    }
+  }
 """
 
 COMBINE = r"""
@@ -203,18 +219,34 @@ def gated_attention(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale
     return gated_attention_batch(q, [k], [v], gate, scale)
 
 
-def gated_attention_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float) -> mx.array:
+def rows_per_block(L: int, G: int, hd: int = 256) -> int:
+    """How many query rows a partials block takes: all L where their vectors and scores fit the
+    48 KiB of static shared memory (R vectors x (HD + CHUNK) floats), else as many as fit. A block
+    reads its chunk's keys and values once for its rows; a row's result does not depend on it."""
+    return max(1, min(L, (48 * 1024) // (4 * G * (hd + CHUNK))))
+
+
+THREADS = 128  # a partials block's threads (<= head_dim); a row's result does not depend on it
+
+
+def gated_attention_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float,
+                          rows_block: Optional[int] = None, threads: Optional[int] = None) -> mx.array:
     """gated_attention for B sequences in two launches: q [B, nh, L, hd], sequence b's keys and
     values ks[b], vs[b] [1, nkv, S_b, hd] (its own cache's views), gate [B, L, nh * hd] ->
     [B, L, nh * hd]. Each sequence computes what it computes alone: its chunks are its own, and
-    the chunks a longer neighbour adds are empty ones, which add exact zeros."""
+    the chunks a longer neighbour adds are empty ones, which add exact zeros. `rows_block` and
+    `threads` (tests and scripts/gpu/gpu_attention.py) change the launch, never a row's result."""
     B, nh, L, hd = q.shape
     nkv = ks[0].shape[1]
+    G = nh // nkv
     C = max(-(-k.shape[2] // CHUNK) for k in ks)
+    rb = rows_block or rows_per_block(L, G, hd)
+    nt = threads or THREADS
+    nb = -(-L // rb)
     pm, pl, po = _partials(B)(
         inputs=[q, *ks, *vs, _scale(scale)],
-        template=[("T", q.dtype), ("HD", hd), ("G", nh // nkv), ("CHUNK", CHUNK)],
-        grid=(C * L * 128, nkv, B), threadgroup=(128, 1, 1),
+        template=[("T", q.dtype), ("HD", hd), ("G", G), ("CHUNK", CHUNK), ("RB", rb), ("NT", nt)],
+        grid=(C * nb * nt, nkv, B), threadgroup=(nt, 1, 1),
         output_shapes=[(B, L, nh, C), (B, L, nh, C), (B, L, nh, C, hd)],
         output_dtypes=[mx.float32] * 3,
     )

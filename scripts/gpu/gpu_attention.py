@@ -8,7 +8,8 @@ At the Qwythos-9B attention shape (16 query heads, 4 KV heads, head_dim 256, bf1
 keys and values as the cache hands them out (a view of a longer buffer), at each context:
 - the kernel against its reference (each row one SDPA over its own keys, then the gate);
 - each of L = 2..5 rows equal to that row computed alone (L = 1, over its own keys) bit for bit;
-- time (synchronised, median of 20) of the kernel and of the reference for L = 1 and 4.
+- time (synchronised, median of 20) of the kernel for L = 1..5 and of the reference for L = 1 and 4;
+- launch variants at L = 4 (a row a block, 256 threads): the same bits as the default, and their time.
 --stand-in runs the reference in the kernel's place (checks this script's plumbing on a CPU).
 """
 from __future__ import annotations
@@ -66,10 +67,22 @@ def main(argv=None) -> int:
                             gate[:, i:i + 1], scale) for i in range(L)]
             row["rows_as_alone"][L] = same = all(bool(mx.array_equal(together[:, i:i + 1], y)) for i, y in enumerate(alone))
             fails += not same
-        for L in (1, 4):
+        for L in (1, 2, 3, 4, 5):
             q, k, v, gate = inputs(S, L, 3)
-            row["ms"][L] = {"kernel": synced_seconds(lambda: kernel(q, k, v, gate, scale)) * 1e3,
-                            "reference": synced_seconds(lambda: cuda_attention.reference(q, k, v, gate, scale)) * 1e3}
+            row["ms"][L] = {"kernel": synced_seconds(lambda: kernel(q, k, v, gate, scale)) * 1e3}
+            if L in (1, 4):
+                row["ms"][L]["reference"] = synced_seconds(lambda: cuda_attention.reference(q, k, v, gate, scale)) * 1e3
+        if not a.stand_in:
+            # Launch variants: a row per block (the layout before rows shared a block), 256 threads.
+            # Each must give the default's bits (a row's arithmetic does not depend on the launch).
+            q, k, v, gate = inputs(S, 4, 5)
+            base = kernel(q, k, v, gate, scale)
+            for name, kw in (("a row a block", {"rows_block": 1}), ("256 threads", {"threads": 256}),
+                             ("256 threads, a row a block", {"rows_block": 1, "threads": 256})):
+                fn = lambda kw=kw: cuda_attention.gated_attention_batch(q, [k], [v], gate, scale, **kw)  # noqa: E731
+                same = bool(mx.array_equal(fn(), base))
+                row.setdefault("launch_variants_L4", {})[name] = {"equal": same, "ms": synced_seconds(fn) * 1e3}
+                fails += not same
         report["contexts"][S] = row
         print(f"context {S}: {json.dumps(row)}", flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -245,10 +245,17 @@ def collect(full: bool, project: str = PROJECT):
         tag = "" if dt == bf16 else " fp16"
         for hd, nh, nkv in ([(256, 16, 4)] + ([(128, 32, 4)] if full else [])):
             L, S = 4, 1000
-            rec(f"attn HD={hd} G={nh // nkv}{tag}",
-                lambda hd=hd, nh=nh, nkv=nkv, dt=dt: cuda_attention.gated_attention(
-                    mx.zeros((1, nh, L, hd), dt), mx.zeros((1, nkv, S, hd), dt), mx.zeros((1, nkv, S, hd), dt),
-                    mx.zeros((1, L, nh * hd), dt), hd**-0.5))
+            # every row count: a partials block takes all of a verify's rows (rows_per_block)
+            for rows in range(1, cuda_attention.MAX_ROWS + 1):
+                rec(f"attn HD={hd} G={nh // nkv} L={rows}{tag}",
+                    lambda hd=hd, nh=nh, nkv=nkv, dt=dt, rows=rows: cuda_attention.gated_attention(
+                        mx.zeros((1, nh, rows, hd), dt), mx.zeros((1, nkv, S, hd), dt), mx.zeros((1, nkv, S, hd), dt),
+                        mx.zeros((1, rows, nh * hd), dt), hd**-0.5))
+            if hd == 256:  # the thread count scripts/gpu/gpu_attention.py also times
+                rec(f"attn HD={hd} G={nh // nkv} L={L} 256 threads{tag}",
+                    lambda hd=hd, nh=nh, nkv=nkv, dt=dt: cuda_attention.gated_attention_batch(
+                        mx.zeros((1, nh, L, hd), dt), [mx.zeros((1, nkv, S, hd), dt)], [mx.zeros((1, nkv, S, hd), dt)],
+                        mx.zeros((1, L, nh * hd), dt), hd**-0.5, threads=256))
             if hasattr(cuda_attention, "gated_attention_batch"):  # a batch's sequences, each its own cache
                 for B in (2, 4):
                     lens = [S - 37 * b for b in range(B)]
