@@ -222,7 +222,8 @@ def test_greedy_mtp_equals_ar_with_the_prefill_kernel_through_the_prefix_cache(t
     assert first == restored == ar
 
 
-def _row_stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None):
+def _row_stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None, swiglu=False):
+    x = cuda_qmm.swiglu_rows(x) if swiglu else x
     y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
     return y if residual is None else residual + y
 

@@ -128,8 +128,9 @@ def _quantized_linear(K=256, N=64, bits=4, group=64, dtype=BF):
 def _stand_in_kernel(calls: list):
     """The row kernel's stand-in on the CPU: MLX's quantized matmul (+ the residual), noting
     each launch's (rows, N, residual given)."""
-    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None):
-        calls.append((x.size // x.shape[-1], w.shape[0], residual is not None))
+    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None, swiglu=False):
+        calls.append((x.size // x.shape[-1], w.shape[0], residual is not None) + (("swiglu",) if swiglu else ()))
+        x = gk.swiglu_rows(x) if swiglu else x
         y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
         return y if residual is None else residual + y
     return stand_in
@@ -159,6 +160,30 @@ def test_cuda_runner_takes_the_kernel_where_it_applies_and_leaves_the_model_alon
     assert not backends.GpuKernels("metal").row_kernel  # Metal: MLX's matvec
     assert not backends.GpuKernels("cuda", row_kernel=False).row_kernel
     assert [type(lin), type(emb), [k for k, _ in tree_flatten(lin.parameters())]] == before
+
+
+def test_a_dense_mlp_is_two_launches_with_the_activation_read_inside_down_proj(monkeypatch):
+    """gate|up as one product, then down_proj reading silu(gate) * up from it and adding the
+    residual: no split and no activation launch between them; the same values as the ops with
+    the kernel's SwiGLU (swiglu_rows), and close to mlx-lm's own MLP."""
+    from adapters.qwen3_5 import layers
+
+    calls = []
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _stand_in_kernel(calls))
+    mlp = nn.Module()
+    mlp.gate_proj, mlp.up_proj, mlp.down_proj = _quantized_linear(N=128), _quantized_linear(N=128), _quantized_linear(K=128, N=256)
+    x = mx.random.normal((1, 3, 256)).astype(BF)
+    res = mx.random.normal((1, 3, 256)).astype(BF)
+    stock = res + mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    run = backends.GpuKernels("cuda")
+    y = layers.mlp(run, layers.MlpParams(mlp), x, residual=res)
+    assert calls == [(3, 256, False), (3, 256, True, "swiglu")]
+    gate_up = mx.concatenate([mlp.gate_proj(x), mlp.up_proj(x)], axis=-1)
+    assert bool(mx.array_equal(y, res + mlp.down_proj(gk.swiglu_rows(gate_up))))
+    assert float(mx.abs(y.astype(mx.float32) - stock.astype(mx.float32)).max()) < 0.05 * float(mx.abs(stock).max())
+    calls.clear()
+    assert layers.mlp(backends.GpuKernels("cuda", row_kernel=False), layers.MlpParams(mlp), x, res).shape == y.shape
+    assert calls == []  # without the row kernel: MLX's matmuls and activation
 
 
 def test_linears_sharing_an_input_run_as_one_product(monkeypatch):
@@ -428,7 +453,8 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
 def _row_by_row_kernel(calls: list):
     """The row kernel's contract on the CPU: each row computed alone (MLX's quantized matmul one
     row at a time), the residual added to the rounded product; notes (rows, N) per launch."""
-    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None):
+    def stand_in(x, w, scales, biases, bits, group_size, residual=None, config=None, swiglu=False):
+        x = gk.swiglu_rows(x) if swiglu else x
         K = x.shape[-1]
         flat = x.reshape(-1, K)
         calls.append((flat.shape[0], w.shape[0]))

@@ -146,6 +146,15 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             for m in range(1, cuda_qmm.MAX_ROWS):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], wq, s, b, 4, 64), y[:m])):
                     return f"the quantized matmul's rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
+            # The MLP's down projection reading silu(gate) * up from gate|up as it loads it.
+            gate_up = mx.concatenate([x, x[::-1] * 0.5], axis=-1)
+            y = cuda_qmm.quantized_matmul_rows(gate_up, wq, s, b, 4, 64, swiglu=True)
+            ref = mx.quantized_matmul(cuda_qmm.swiglu_rows(gate_up), wq, s, b, transpose=True, group_size=64, bits=4)
+            if not rel_err(y, ref) <= 0.02:
+                return f"the quantized matmul with its SwiGLU input differs from the ops by {rel_err(y, ref):.2e}"
+            for m in (1, 3):
+                if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(gate_up[:m], wq, s, b, 4, 64, swiglu=True), y[:m])):
+                    return f"the quantized matmul's SwiGLU rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
         q, k, v, g, beta, state = gdn.random_inputs(key, 3, *GDN_CHECK_SHAPE)
         y, states = gdn.gated_delta_steps(q, k, v, g, beta, state, backend=backend)
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)

@@ -107,6 +107,24 @@ __device__ __forceinline__ uint32_t qmm_dequant(uint32_t w, int shift,
   }
 }
 
+// A SwiGLU input (the MLP's down projection): 8 values of silu(gate) * up from gate|up,
+// rounded after each op as MLX's compiled silu(g) * u rounds them (sigmoid, g * sigmoid, * up).
+template <typename T>
+__device__ __forceinline__ uint4 qmm_swiglu(uint4 gv, uint4 uv) {
+  const T* gp = reinterpret_cast<const T*>(&gv);
+  const T* up = reinterpret_cast<const T*>(&uv);
+  uint4 out;
+  T* op = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float gf = static_cast<float>(gp[e]);
+    const T s = static_cast<T>(1.f / (1.f + expf(-gf)));
+    const T a = static_cast<T>(gf * static_cast<float>(s));
+    op[e] = static_cast<T>(static_cast<float>(a) * static_cast<float>(up[e]));
+  }
+  return out;
+}
+
 """
 
 QMM_SOURCE = r"""
@@ -115,7 +133,10 @@ QMM_SOURCE = r"""
   constexpr int KSTEPS = VPT / 4;   // mma k-steps in a chunk
   constexpr int CHUNK = 4 * VPT;    // k per warp chunk (the 4 lanes of a quad side by side)
   constexpr int XV = VPT / 8;       // uint4 loads of x per lane and chunk
-  const int K = x_shape[x_ndim - 1];  // x [..., K]: every leading axis is rows
+  // x [..., K]: every leading axis is rows; with SWIGLU, x is gate|up [..., 2K] and the
+  // product's input is silu(gate) * up, made here as it is read (one launch and no copy fewer).
+  const int XK = x_shape[x_ndim - 1];
+  const int K = SWIGLU ? XK / 2 : XK;
   int M = 1;
   for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
   const int N = w_shape[0];
@@ -156,9 +177,16 @@ QMM_SOURCE = r"""
           }
         }
 #pragma unroll
-        for (int i = 0; i < XV; ++i)
-          xv[u][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * K + k0 + 8 * i))
-                             : make_uint4(0u, 0u, 0u, 0u);
+        for (int i = 0; i < XV; ++i) {
+          if constexpr (SWIGLU) {
+            xv[u][i] = has_row ? qmm_swiglu<T>(__ldg(reinterpret_cast<const uint4*>(x + (size_t)g * XK + k0 + 8 * i)),
+                                               __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * XK + K + k0 + 8 * i)))
+                               : make_uint4(0u, 0u, 0u, 0u);
+          } else {
+            xv[u][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * K + k0 + 8 * i))
+                               : make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
       }
     }
 #pragma unroll
@@ -231,15 +259,18 @@ QMM_SOURCE = r"""
 
 
 def qmm_supported(x_shape, x_dtype, w_shape, scales_dtype, bits: int, group_size: int,
-                  mode: str = "affine", has_biases: bool = True) -> bool:
-    """Whether quantized_matmul_rows can serve x [..., K] @ dequant(w [N, K*bits/32]).T."""
+                  mode: str = "affine", has_biases: bool = True, swiglu: bool = False) -> bool:
+    """Whether quantized_matmul_rows can serve x [..., K] @ dequant(w [N, K*bits/32]).T (with
+    `swiglu`, x is gate|up [..., 2K])."""
     if mode != "affine" or not has_biases or bits not in QMM_BITS or group_size not in QMM_GROUPS:
         return False
     if x_dtype not in (mx.bfloat16, mx.float16) or scales_dtype != x_dtype:
         return False
     if len(x_shape) < 1 or len(w_shape) != 2:
         return False
-    K = x_shape[-1]
+    K = x_shape[-1] // 2 if swiglu else x_shape[-1]
+    if swiglu and x_shape[-1] != 2 * K:
+        return False
     rows = 1
     for d in x_shape[:-1]:
         rows *= d
@@ -281,10 +312,11 @@ _RESIDUAL = "out = static_cast<T>(static_cast<float>(out) + static_cast<float>(r
 
 
 @lru_cache(maxsize=None)
-def _qmm_kernel(residual: bool):
+def _qmm_kernel(residual: bool, swiglu: bool = False):
     source = _strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else ""))
     return mx.fast.cuda_kernel(
-        name=versioned("mtp_qmv_res" if residual else "mtp_qmv", source, _strip(QMM_HEADER)),
+        name=versioned("mtp_qmv" + ("_swiglu" if swiglu else "") + ("_res" if residual else ""), source,
+                       _strip(QMM_HEADER)),
         input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []),
         output_names=["y"],
         source=source,
@@ -294,16 +326,19 @@ def _qmm_kernel(residual: bool):
 
 def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                           bits: int, group_size: int, residual: Optional[mx.array] = None,
-                          config: Optional[Tuple[int, int]] = None) -> mx.array:
+                          config: Optional[Tuple[int, int]] = None, swiglu: bool = False) -> mx.array:
     """x [..., K] (1-8 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
     rows; `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
+    `swiglu`: x is an MLP's gate|up [..., 2K] and the input is silu(gate) * up (swiglu_rows),
+    computed as the kernel reads it.
 
     The caller checks qmm_supported first (gpu_decode does). `config` overrides qmm_config
     (benchmarks only: a row's bits depend on it)."""
     # No reshapes around the launch: every primitive costs the host time in a decode step.
     N = w.shape[0]
-    template, grid, block = _launch(x.dtype, bits, group_size, N, x.shape[-1], config)
-    (y,) = _qmm_kernel(residual is not None)(
+    K = x.shape[-1] // 2 if swiglu else x.shape[-1]
+    template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu)
+    (y,) = _qmm_kernel(residual is not None, swiglu)(
         inputs=[x, w, scales, biases] if residual is None else [x, w, scales, biases, residual],
         template=template, grid=grid, threadgroup=block,
         output_shapes=[(*x.shape[:-1], N)], output_dtypes=[x.dtype],
@@ -311,10 +346,21 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
     return y
 
 
+def swiglu_rows(gate_up: mx.array) -> mx.array:
+    """What the kernel's SwiGLU input is, as MLX ops: silu(gate) * up from gate|up [..., 2K],
+    rounded to the dtype after each op (the CPU tests' stand-in and the load check's reference)."""
+    dt, K = gate_up.dtype, gate_up.shape[-1] // 2
+    g, u = gate_up[..., :K].astype(mx.float32), gate_up[..., K:].astype(mx.float32)
+    s = (1.0 / (1.0 + mx.exp(-g))).astype(dt).astype(mx.float32)
+    return ((g * s).astype(dt).astype(mx.float32) * u).astype(dt)
+
+
 @lru_cache(maxsize=None)
-def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[Tuple[int, int]]):
+def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[Tuple[int, int]],
+            swiglu: bool = False):
     tiles, warps = config or qmm_config(N, K, bits)
-    template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL)]
+    template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL),
+                ("SWIGLU", int(swiglu))]
     return template, (N // (16 * tiles) * warps * 32, 1, 1), (warps * 32, 1, 1)
 
 

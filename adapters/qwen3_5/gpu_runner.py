@@ -81,6 +81,18 @@ class GpuKernels(MlxOps):
         y = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
         return mx.split(y, joined.ends[:-1], axis=-1)
 
+    def dense_mlp(self, m, x, residual):
+        # gate|up as one product, then down_proj reading silu(gate) * up as it loads its input
+        # (no split, no activation launch) and adding the residual: two launches for the MLP.
+        joined = self._joined((m.gate_proj, m.up_proj), x)
+        down = m.down_proj
+        if joined is None or len(joined.ends) != 2 or joined.ends[1] != 2 * joined.ends[0] \
+                or not cuda_qmm.module_fits(down, min(_rows_of(x), MAX_ROWS), joined.ends[0], x.dtype):
+            return None
+        gate_up = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return _kernel_rows(gate_up, down["weight"], down["scales"], down["biases"], down.bits, down.group_size,
+                            residual, swiglu=True)
+
     def lm_head(self, module, tied: bool, x):
         return self._rows(module, x, lambda x: MlxOps.lm_head(self, module, tied, x))
 
@@ -309,16 +321,17 @@ def _kernel_fits(m, x) -> bool:
     return cuda_qmm.module_fits(m, min(_rows_of(x), MAX_ROWS), x.shape[-1], x.dtype)
 
 
-def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None):
-    """The row kernel on x [..., K], 8 rows a launch where there are more (each row as alone)."""
+def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None, swiglu=False):
+    """The row kernel on x [..., K], 8 rows a launch where there are more (each row as alone);
+    `swiglu`: x is gate|up and the kernel's input silu(gate) * up."""
     rows = _rows_of(x)
     if rows <= MAX_ROWS:
-        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual)
+        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual, swiglu=swiglu)
     K, N = x.shape[-1], w.shape[0]
     flat = x.reshape(rows, K)
     res = None if residual is None else residual.reshape(rows, N)
     y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + MAX_ROWS], w, scales, biases, bits, group_size,
-                                                       None if res is None else res[i:i + MAX_ROWS])
+                                                       None if res is None else res[i:i + MAX_ROWS], swiglu=swiglu)
                         for i in range(0, rows, MAX_ROWS)])
     return y.reshape(*x.shape[:-1], N)
 

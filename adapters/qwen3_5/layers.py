@@ -121,6 +121,9 @@ def mlp(ops, p: MlpParams, x: mx.array, residual: Optional[mx.array] = None) -> 
     experts' SwiGLU, plus a shared expert scaled by its sigmoid gate; `residual` + that."""
     if p.experts is None:
         m = p.module
+        fused = ops.dense_mlp(m, x, residual)  # a backend's kernels for it (the activation inside down_proj), or None
+        if fused is not None:
+            return fused
         gate, up = ops.linears((m.gate_proj, m.up_proj), x)
         return ops.linear_add(m.down_proj, ops.swiglu(gate, up), residual)
     gates = mx.softmax(ops.linear(p.router, x), axis=-1, precise=True)

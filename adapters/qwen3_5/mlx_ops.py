@@ -66,6 +66,9 @@ class MlxOps:
     def swiglu(self, gate, x):
         return swiglu(gate, x)
 
+    def dense_mlp(self, m, x, residual):
+        return None  # the MLP as layers.mlp writes it out
+
     def conv(self, p: GdnParams, conv_input, S):
         return p.attn.conv1d(conv_input)
 

@@ -18,6 +18,9 @@
 #          keys, rows together == alone; then the profile's all-kernels variant
 #   kernels  fused_gdn's and attention's checks, then one profile of default / fused-gdn / all-kernels /
 #          batched-attn; OUT_DIR/fused_ok when both kernels pass (MTP_CHAT_GPU_FUSED=1 then runs them)
+#   parts  scripts/gpu/gpu_step_parts.py --env-variants: each kernel class's time inside a graph at the
+#          checkpoint's shapes, times its calls a step, against the step (where a step's ms go), and
+#          the step under MLX CUDA's dispatch settings (graphs off, 400 / 1000 ops a graph)
 #   prefill  scripts/gpu/gpu_prefill.py: the one-launch prefill recurrence against its reference at T = 1 / 7 /
 #          512 / 2048, one layer's recurrence vs mlx-lm's ops, prefill of 2k / 8k / 32k tokens vs mlx-lm's
 #          (tok/s, peak memory), chunk sizes 512-4096 at 8k
@@ -78,6 +81,8 @@ for stage in $STAGES; do
                && run $PY scripts/gpu/gpu_attention.py --json "$OUT/attention.json" && touch "$OUT/fused_ok"
              run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default fused-gdn all-kernels batched-attn \
                --repeats 2 --json "$OUT/profile_kernels.json" 2>&1 | grep -v "regex pattern" ;;
+    parts) run $PY scripts/gpu/gpu_step_parts.py --model "$CKPT" --env-variants --json "$OUT/step_parts.json" 2>&1 \
+             | grep -v "regex pattern" ;;
     prefill) run $PY scripts/gpu/gpu_prefill.py --model "$CKPT" --json "$OUT/prefill.json" 2>&1 | grep -v "regex pattern" ;;
     profile) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default eager mlx-qmv --repeats 2 \
                --json "$OUT/profile.json" 2>&1 | grep -v "regex pattern" ;;

@@ -288,6 +288,13 @@ def collect(full: bool, project: str = PROJECT):
                                 mx.zeros((rows, Kd), dt), mx.zeros((N, Kd * bits // 32), mx.uint32),
                                 mx.zeros((N, Kd // gs), dt), mx.zeros((N, Kd // gs), dt), bits, gs,
                                 residual=mx.zeros((rows, N), dt) if res else None))
+        # the MLP's down projection reading silu(gate) * up from gate|up (9B: 12288 -> 4096)
+        for bits in (4, 8):
+            rec(f"qmm b{bits} g64 swiglu 12288->4096 +res{tag}",
+                lambda bits=bits, dt=dt: cuda_qmm.quantized_matmul_rows(
+                    mx.zeros((3, 2 * 12288), dt), mx.zeros((4096, 12288 * bits // 32), mx.uint32),
+                    mx.zeros((4096, 12288 // 64), dt), mx.zeros((4096, 12288 // 64), dt), bits, 64,
+                    residual=mx.zeros((3, 4096), dt), swiglu=True))
     return out
 
 
