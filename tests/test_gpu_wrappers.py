@@ -497,6 +497,21 @@ def test_the_cuda_runner_with_stand_in_kernels_keeps_greedy_mtp_equal_to_ar(tiny
         mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=20)
         assert mtp == ar, depth
     assert len(few._compiled) >= 4  # every layer's functions were traced
+    # The device handed each layer as soon as it is built (every layer here; 8 at a time by
+    # default): the same tokens, and the same logits bit for bit.
+    early = backends.CompiledGpuKernels("cuda")
+    early.submit_every, submitted = 1, []
+    real_async_eval = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: (submitted.append(len(a)), real_async_eval(*a))[1])
+    ad.backend = backends.Backend("stand-in", early, backends.MlxOps())
+    assert AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=20)[0] == ar
+    assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate(ids, max_tokens=20)[0] == ar
+    assert len(submitted) > 40
+    logits = []
+    for runner in (early, few):
+        ad.backend = backends.Backend("stand-in", runner, backends.MlxOps())
+        logits.append(ad.forward(mx.array([ids[:3]]), ad.make_cache())[0])
+    assert bool(mx.array_equal(*logits))
 
 
 def test_the_fused_gated_deltanet_middle_is_wired_as_its_reference(tiny_checkpoint, monkeypatch):

@@ -247,7 +247,16 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
             if pos is None:  # every attention layer of one forward is at the same positions
                 pos = run.positions(c.offset + delta, S)
             h = attend(run, p, h, c, pos, fa_mask)
+        _submit(run, h, i, len(stack.layers))
     return h, captured
+
+
+def _submit(run, h: mx.array, i: int, n: int) -> None:
+    """Start the device on the layers built so far (a backend's `submit_every`): values are the
+    same, the host's graph building overlaps the device's work instead of preceding it."""
+    every = getattr(run, "submit_every", 0)
+    if every and (i + 1) % every == 0 and i + 1 < n:
+        mx.async_eval(h)
 
 
 def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -> mx.array:
@@ -299,4 +308,5 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                 outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, cs[b])
                         for b, (kb, vb) in enumerate(fetched)]
                 h = run.attention_out(p, h, mx.concatenate(outs), gate)
+        _submit(run, h, i, len(stack.layers))
     return h, captured

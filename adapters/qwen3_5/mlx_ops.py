@@ -43,6 +43,8 @@ def rope_table(p: AttnParams, x, cos, sin):
 class MlxOps:
     """MLX's own ops, run eagerly: the same ops in the same order as mlx-lm's modules."""
 
+    submit_every = 0  # layers.run_trunk: hand the device every this many layers (0: at the end)
+
     def __init__(self, cpu_attention: bool = False, row_invariant: bool = False):
         self.cpu_attention = cpu_attention  # long forwards on the CPU: kernels/cpu_attention.py
         self.row_invariant = row_invariant  # a GPU's few-token runner: see row_invariant_sdpa
