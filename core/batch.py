@@ -171,14 +171,16 @@ class Sequence:
         depth = drafts.shape[0]
         n = accepted_prefix(accepted.tolist())
         new = bonus if n == depth else corrections[n:n + 1]
+        # The tokens are read from the arrays the batch's sync computed, whole: reading a slice
+        # of one (corrections[n:n + 1], drafts[:n]) would evaluate it, one wait a read.
+        tokens = drafts.tolist()[:n] + [int(bonus.item() if n == depth else corrections.tolist()[n])]
         self.adapter.rollback(self.cache, captured, keep=n + 1)
         self.adapter.end_cycle(self.draft, depth)
         self.feed_h, self.feed_t = hidden[:, :n + 1], mx.concatenate([drafts[:n], new])
         self.stats.record_cycle(depth, n)
         if self.constraint is not None:
             self.constraint.rollback(depth - n)
-            self.constraint.advance([int(new.item())])
-        tokens = drafts[:n].tolist() + [int(new.item())]
+            self.constraint.advance(tokens[-1:])
         self._emit(tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[:n + 1])
 
     def _emit(self, tokens: List[int], origins: List[str], rows: mx.array) -> None:

@@ -658,22 +658,17 @@ def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_
     assert "changes with the sequences beside it" in kernels.check_fused_gdn()
 
 
-def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_checkpoint, monkeypatch):
-    """Batching on the GPU (issue 32): the CUDA backend's batch runner is its few runner, every
-    kernel on (row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), here
-    with each kernel's reference standing in. Three greedy requests joining at different steps
-    decode, AR and MTP at depth 2, exactly what each decodes alone; the batch's linears ran
-    several sequences' rows in one product, and its Gated-DeltaNet middles and attention one launch."""
+def _cuda_runner_with_references(ad, monkeypatch, calls=None, middles=None, attention_launches=None):
+    """The CUDA backend's runners on `ad` (its batch runner is its few runner, every kernel on:
+    row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), each kernel's
+    reference standing in; `calls`, `middles` and `attention_launches` note the launches."""
     from adapters.kernels import cuda_attention, gdn_fused
-    from tests.test_batch import run_batched
 
-    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
-    calls, middles = [], []
-    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel(calls))
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel([] if calls is None else calls))
     monkeypatch.setattr(gdn, "gated_delta_steps", _reference_kernel([], lambda q: q.shape[1]))
 
     def middle(proj, *args):
-        middles.append(proj.shape[0])
+        (middles if middles is not None else []).append(proj.shape[0])
         return gdn_fused.reference(proj, *args)
 
     monkeypatch.setattr(gdn_fused, "gdn_fused", middle)
@@ -684,16 +679,28 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         return (cuda_attention.reference(q, k, v, gate, scale).astype(mx.float32) * (1 + 2**-6)).astype(q.dtype)
 
     monkeypatch.setattr(cuda_attention, "gated_attention", attention)
-    attention_launches = []
 
     def attention_batch(q, ks, vs, gate, scale):  # each sequence through the stand-in above, alone
-        attention_launches.append(len(ks))
+        (attention_launches if attention_launches is not None else []).append(len(ks))
         return mx.concatenate([attention(q[b:b + 1], k, v, gate[b:b + 1], scale) for b, (k, v) in enumerate(zip(ks, vs))])
 
     monkeypatch.setattr(cuda_attention, "gated_attention_batch", attention_batch)
     few = backends.CompiledGpuKernels("cuda", fused_gdn=True, fused_attention=True)
     ad.backend = backends.Backend("stand-in", few, backends.MlxOps())
     ad.backend.batch = few
+
+
+def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_checkpoint, monkeypatch):
+    """Batching on the GPU (issue 32): the CUDA backend's batch runner is its few runner, every
+    kernel on (row kernel, recurrence, fused GDN middle, few-row attention, compiled layers), here
+    with each kernel's reference standing in. Three greedy requests joining at different steps
+    decode, AR and MTP at depth 2, exactly what each decodes alone; the batch's linears ran
+    several sequences' rows in one product, and its Gated-DeltaNet middles and attention one launch."""
+    from tests.test_batch import run_batched
+
+    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
+    calls, middles, attention_launches = [], [], []
+    _cuda_runner_with_references(ad, monkeypatch, calls, middles, attention_launches)
     prompts, lengths = [[5, 9, 13, 21, 34, 55], [100, 7, 300, 42], [3, 8]], [14, 10, 12]
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     for mode in ("ar", "mtp"):
@@ -706,6 +713,78 @@ def test_a_batch_through_the_cuda_runner_decodes_each_sequence_as_alone(tiny_che
         assert max(sizes) == 3 and max(rows for rows, _ in calls) > 1, mode
         assert max(middles) == 3, mode  # the fused middle: one launch for the batch's sequences
         assert max(attention_launches) == 3, mode  # and the attention: one launch pair
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_the_heads_step_for_a_batch_is_each_sequences_step_alone(tiny_checkpoint, monkeypatch, width):
+    """draft_batch where every sequence feeds as many positions (a cycle's later draft steps:
+    one each) runs the head once for the batch on the CUDA runner: each sequence's g and draft
+    logits are its draft step's alone, bit for bit, over histories of different lengths (each
+    row roped at its own position, attending over its own history), two steps running."""
+    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
+    launches = []
+    _cuda_runner_with_references(ad, monkeypatch, attention_launches=launches)
+    prompts = [[5, 9, 13, 21, 34, 55, 89], [100, 7, 300, 42], [3, 8, 2, 11, 17]]
+
+    def histories():
+        out = []
+        for ids in prompts:
+            cache = ad.make_cache()
+            draft = ad.make_draft(cache)
+            _, hidden, _ = ad.forward(mx.array([ids]), cache)
+            ad.absorb(draft, cache, hidden[:, :-width], mx.array([ids[1:len(ids) - width + 1]]))
+            out.append((cache, draft, hidden[:, -width:], mx.array([ids[-width:]])))
+        return out
+
+    alone, batch = histories(), histories()
+    for _ in range(2):
+        want = [ad.draft_step(d, c, h, t) for c, d, h, t in alone]
+        launches.clear()
+        g, logits = ad.draft_batch([d for _, d, _, _ in batch], [c for c, _, _, _ in batch],
+                                   [h for _, _, h, _ in batch], [t for _, _, _, t in batch])
+        assert launches == [3]   # the head's attention: one launch for the batch
+        for b, (wg, wl) in enumerate(want):
+            assert bool(mx.array_equal(g[b:b + 1], wg)) and bool(mx.array_equal(logits[b:b + 1], wl)), b
+        nxt = mx.argmax(logits, axis=-1)
+        alone = [(c, d, wg, nxt[b:b + 1, None]) for b, ((c, d, _, _), (wg, _)) in enumerate(zip(alone, want))]
+        batch = [(c, d, g[b:b + 1], nxt[b:b + 1, None]) for b, (c, d, _, _) in enumerate(batch)]
+
+
+def test_a_batchs_plain_steps_keep_its_states_stacked(tiny_checkpoint, monkeypatch):
+    """A batch's plain step starts each Gated-DeltaNet layer from the stacked states the step
+    before wrote back from (no concatenation) while the same caches come in the same order and
+    hold what was written; another order, a rolled-back cache or a verify's (captured) states
+    are concatenated again, and a step alone drops the note. Two steps batched give each
+    sequence its two steps alone."""
+    from adapters.qwen3_5 import layers
+
+    ad = load_adapter(tiny_checkpoint(**dict(_KERNEL_SHAPED, head_dim=128)), compute_dtype="native")
+    _cuda_runner_with_references(ad, monkeypatch)
+    prompts = [[5, 9, 13, 21, 34], [100, 7, 300], [3, 8, 2, 11]]
+    i, p = next((i, p) for i, p in enumerate(ad.stack.layers) if isinstance(p, layers.GdnParams))
+
+    def prefilled():
+        caches = [ad.make_cache() for _ in prompts]
+        for ids, c in zip(prompts, caches):
+            ad.forward(mx.array([ids]), c)
+        return caches
+
+    alone, batch = prefilled(), prefilled()
+    steps = [mx.array([[40], [41], [42]]), mx.array([[50], [51], [52]])]
+    for tokens in steps:
+        want = [ad.forward(tokens[b:b + 1], c)[0] for b, c in enumerate(alone)]
+        got, _, _ = ad.forward_batch(tokens, batch)
+        assert all(bool(mx.array_equal(got[b:b + 1], w)) for b, w in enumerate(want))
+        cs = [c[i] for c in batch]
+        assert layers._stacked_states(p, cs, BF)[1] is cs[0].stacked[1]   # kept for the next step
+    cs = [c[i] for c in batch]
+    assert layers._stacked_states(p, cs[::-1], BF)[1] is not cs[0].stacked[1]   # another order
+    cs[1][1] = cs[1][1] + 0   # as a rollback or a restore writes
+    assert layers._stacked_states(p, cs, BF)[1] is not cs[0].stacked[1]
+    ad.forward(mx.array([[7]]), batch[2])   # alone: the note goes (its arrays with it)
+    assert batch[2][i].stacked is None and batch[0][i].stacked is not None
+    ad.forward_batch(mx.array([[1, 2], [3, 4], [5, 6]]), batch, capture=True)
+    assert all(c[i].stacked is None for c in batch)
 
 
 def test_every_kernels_name_changes_with_its_code(monkeypatch):

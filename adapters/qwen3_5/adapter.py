@@ -21,6 +21,7 @@ from ..contract import MTPContract
 from . import layers
 from .backends import Backend
 from .layers import AttnParams, GdnParams, MlpParams, Stack
+from .mlx_ops import FEW_TOKENS
 
 
 @dataclass
@@ -202,13 +203,30 @@ class HybridAdapter:
     def draft_batch(self, drafts: list, caches: list, hiddens: list, tokens: list):
         """One draft step of several sequences: hiddens[b] [1, T_b, H] and tokens[b] [1, T_b]
         (T_b differs: each catches up on what its last cycle committed) -> (g [B, 1, H],
-        logits [B, V]). The head's attention runs per sequence over its own history; the
-        output projection, the widest matrix, once for all rows."""
+        logits [B, V]). Where every sequence feeds as many positions, no more than a few (a
+        cycle's later steps: one each), the head runs once for all rows, its attention per
+        sequence over its own history (`mtp_forward_batch`); else once per sequence. The output
+        projection, the widest matrix, once for all rows."""
         if len(drafts) == 1:
             g, logits = self.draft_step(drafts[0], caches[0], hiddens[0], tokens[0])
             return g, logits
-        g = mx.concatenate([self.mtp_forward(h, t, d)[:, -1:] for d, h, t in zip(drafts, hiddens, tokens)])
+        widths = {t.shape[1] for t in tokens}
+        if len(widths) == 1 and widths.pop() <= FEW_TOKENS:   # (a first cycle feeds a whole prompt)
+            g = self.mtp_forward_batch(mx.concatenate(hiddens), mx.concatenate(tokens), drafts)[:, -1:]
+        else:
+            g = mx.concatenate([self.mtp_forward(h, t, d)[:, -1:] for d, h, t in zip(drafts, hiddens, tokens)])
         return g, self.lm_head(g, self.backend.batch)[:, -1]
+
+    def mtp_forward_batch(self, hidden: mx.array, next_tokens: mx.array, drafts: list) -> mx.array:
+        """`mtp_forward` of B sequences feeding T positions each: hidden [B, T, H], next_tokens
+        [B, T], drafts[b] the b-th head's KV history -> g [B, T, H], through the batch runner as
+        the trunk's attention layers run a batch (layers.attend_batch): each row as alone where
+        the runner computes rows alike (the GPU's row kernels; on the CPU's BLAS to rounding,
+        which moves only drafts, never what the verify keeps)."""
+        run = self.backend.batch
+        x = run.head_input(self.head, run.enter(hidden), run.enter(self.inner.embed_tokens(next_tokens)))
+        pos = run.positions(mx.array([d.offset for d in drafts], dtype=mx.int32), x.shape[-2])
+        return run.leave(layers.attend_batch(run, self.head_layer, x, drafts, pos, final_norm=self.head.norm))
 
     def end_cycle(self, draft: KVCache, steps: int) -> None:
         # The first step's entries are for committed positions; the other steps' are drafts.

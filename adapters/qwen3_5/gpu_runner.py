@@ -269,10 +269,13 @@ class CompiledGpuKernels(GpuKernels):
         return out[0], out[1], [out[2]], None
 
     def attention_in(self, p: AttnParams, x, pos):
-        if not isinstance(pos, mx.array) or pos.ndim:
-            # a RoPE table (a chunk with a picture) or a batch at per-row positions (RoPE may read
-            # them on the host): eagerly
+        if not isinstance(pos, mx.array) or (pos.ndim and type(p.attn.rope) is not nn.RoPE):
+            # a RoPE table (a chunk with a picture), or a batch at per-row positions with a RoPE
+            # variant that reads them on the host (MlxOps.rope): eagerly
             return super().attention_in(p, x, pos)
+        # One position, or a batch's positions (mx.fast.rope takes a vector of offsets): compiled,
+        # traced once per shape. Eagerly, a batch's step built every attention layer's input op
+        # by op from Python (scripts/bench/batch_graph.py).
         return self._fn((id(p), "in"), lambda: lambda x, pos: layers.attention_in(self, p, x, pos))(x, pos)
 
     def attention_out(self, p: AttnParams, x, o, gate, final_norm=None):

@@ -240,6 +240,7 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
                 c[1] = mx.zeros((B, p.Hv, p.Dv, p.Dk), dtype=mx.float32)
             h, c[0], states, conv_input = run.gdn(p, h, c[0], c[1], capture, ssm_mask)
             c[1] = states[-1]
+            c.stacked = None   # a batch's note (_keep_stacked) is stale now: let its arrays go
             c.advance(S)
             if capture:
                 captured[i] = (conv_input, states)
@@ -275,7 +276,8 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
     """Several sequences, each with its own cache, through the trunk in one pass: h [B, S, H].
 
     Every linear sees all B rows (the weights are read once for the batch). A Gated-DeltaNet
-    layer runs on the sequences' states stacked along B, which are written back row by row. An
+    layer runs on the sequences' states stacked along B, which are written back row by row (and
+    reused stacked by the next plain step of the same sequences: _stacked_states). An
     attention layer ropes each row at its own position, then attends each row over its own KV
     cache: no padding and no shared buffer, so a sequence joins, leaves or rolls back alone.
     Returns the last hidden and, per sequence, what `run_trunk` captures for one."""
@@ -285,28 +287,63 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
     for i, p in enumerate(stack.layers):
         cs = [c[i] for c in caches]
         if isinstance(p, GdnParams):
-            conv = mx.concatenate([mx.zeros((1, p.K - 1, p.conv_dim), dtype=h.dtype) if c[0] is None else c[0] for c in cs])
-            state = mx.concatenate([mx.zeros((1, p.Hv, p.Dv, p.Dk), dtype=mx.float32) if c[1] is None else c[1] for c in cs])
+            conv, state = _stacked_states(p, cs, h.dtype)
             h, conv_keep, states, conv_input = run.gdn(p, h, conv, state, capture, None)
             for b, c in enumerate(cs):
                 c[0], c[1] = conv_keep[b:b + 1], states[-1][b:b + 1]
                 c.advance(S)
                 if capture:
-                    captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states])
+                    captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states[:-1]] + [c[1]])
+            # A verify's states are rolled back (or dropped) next: only a plain step's are kept stacked.
+            _keep_stacked(cs, None if capture else (conv_keep, states[-1]))
         else:
             if pos is None:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
                                              dtype=mx.int32), S)
-            q, k, v, gate = run.attention_in(p, h, pos)
-            fetched = [c.update_and_fetch(k[b:b + 1], v[b:b + 1]) for b, c in enumerate(cs)]
-            # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
-            # only on shapes every sequence shares), else attention over its own cache, then the gate.
-            gated = run.attention_gated_batch(p, q, fetched, gate, cs)
-            if gated is not None:
-                h = run.attention_out(p, h, gated, None)
-            else:
-                outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, cs[b])
-                        for b, (kb, vb) in enumerate(fetched)]
-                h = run.attention_out(p, h, mx.concatenate(outs), gate)
+            h = attend_batch(run, p, h, cs, pos)
         _submit(run, h, i, len(stack.layers))
     return h, captured
+
+
+def attend_batch(run, p: AttnParams, x: mx.array, caches: list, pos, final_norm=None) -> mx.array:
+    """`attend` for several sequences: x [B, S, H], caches[b] the b-th one's KV cache, pos their
+    positions (the backend's, from a vector of offsets). The projections see all B rows; each row
+    is roped at its own position and attends over its own cache."""
+    S = x.shape[1]
+    q, k, v, gate = run.attention_in(p, x, pos)
+    fetched = [c.update_and_fetch(k[b:b + 1], v[b:b + 1]) for b, c in enumerate(caches)]
+    # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
+    # only on shapes every sequence shares), else attention over its own cache, then the gate.
+    gated = run.attention_gated_batch(p, q, fetched, gate, caches)
+    if gated is not None:
+        return run.attention_out(p, x, gated, None, final_norm)
+    outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, caches[b])
+            for b, (kb, vb) in enumerate(fetched)]
+    return run.attention_out(p, x, mx.concatenate(outs), gate, final_norm)
+
+
+def _stacked_states(p: GdnParams, cs: list, dtype) -> Tuple[mx.array, mx.array]:
+    """The batch's conv windows [B, K-1, C] and recurrent states [B, Hv, Dv, Dk] for one
+    Gated-DeltaNet layer: the stacked arrays the step before wrote back from, when every cache
+    still holds exactly the rows written into it (the same sequences in the same order, nothing
+    rolled back or restored since), else the caches' own concatenated.
+
+    Why: a batch's plain step concatenated and copied every layer's states to stack them again
+    (two launches a layer) although they were the rows of last step's arrays. Row b of the
+    stacked array is the very view cache b holds, so the step computes what it computed."""
+    stacked = getattr(cs[0], "stacked", None)
+    if stacked is not None and stacked[0].shape[0] == len(cs) and all(
+            getattr(c, "stacked", None) is not None and c.stacked[0] is stacked[0] and c.stacked[2] == b
+            and c[0] is c.stacked[3] and c[1] is c.stacked[4] for b, c in enumerate(cs)):
+        return stacked[0], stacked[1]
+    conv = mx.concatenate([mx.zeros((1, p.K - 1, p.conv_dim), dtype=dtype) if c[0] is None else c[0] for c in cs])
+    state = mx.concatenate([mx.zeros((1, p.Hv, p.Dv, p.Dk), dtype=mx.float32) if c[1] is None else c[1] for c in cs])
+    return conv, state
+
+
+def _keep_stacked(cs: list, arrays: Optional[Tuple[mx.array, mx.array]]) -> None:
+    """Note on each cache the stacked arrays its rows were just written from (None: forget them).
+    While the cache holds those rows the note costs no memory (they are views of its arrays); a
+    forward of the sequence alone (run_trunk) or a captured one drops it."""
+    for b, c in enumerate(cs):
+        c.stacked = None if arrays is None else (*arrays, b, c[0], c[1])
