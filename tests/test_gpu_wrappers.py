@@ -27,13 +27,13 @@ BF = mx.bfloat16
 def test_qmm_supported_accepts_the_kernel_shapes(bits, group):
     K, N = 4096, 248320
     w_shape = (N, K * bits // 32)
-    for rows in range(1, 9):
+    for rows in range(1, 17):  # one or two tiles of 8 token columns
         assert gk.qmm_supported((1, rows, K), BF, w_shape, BF, bits, group)
     assert gk.qmm_supported((2, 3, K), mx.float16, w_shape, mx.float16, bits, group)
 
 
 @pytest.mark.parametrize("change", [
-    dict(x_shape=(9, 4096)),                       # more rows than one mma tile
+    dict(x_shape=(17, 4096)),                      # more rows than two mma tiles
     dict(x_shape=(0, 4096)),
     dict(x_dtype=mx.float32, s_dtype=mx.float32),  # the fp32 path keeps MLX's kernels
     dict(s_dtype=mx.float16),                      # scales of another dtype
@@ -150,7 +150,11 @@ def test_cuda_runner_takes_the_kernel_where_it_applies_and_leaves_the_model_alon
     assert bool(mx.array_equal(run.lm_head(emb, True, x), emb.as_linear(x)))  # the tied output projection
     assert calls[-1] == (3, 64, False)
     calls.clear()
-    wide = mx.random.normal((2, 9, 256)).astype(BF)  # a batch wider than one launch: 8 rows at a time
+    wide = mx.random.normal((2, 9, 256)).astype(BF)  # a batch wider than one launch: 16 rows at a time
+    assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
+    assert calls == [(16, 64, False), (2, 64, False)]
+    calls.clear()
+    monkeypatch.setitem(gk.TWO_TILES, "on", False)  # two tiles failed their load check: 8 at a time
     assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
     assert calls == [(8, 64, False), (8, 64, False), (2, 64, False)]
     calls.clear()

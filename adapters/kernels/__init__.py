@@ -122,6 +122,22 @@ def check_attention(seed: int = 0) -> Optional[str]:
     return None
 
 
+def check_two_tiles(x: mx.array, wq: mx.array, s: mx.array, b: mx.array) -> None:
+    """9-16 rows in one launch (two tiles of token columns) against the same rows in one-tile
+    launches, bit for bit; where they differ, cuda_qmm.TWO_TILES turns them off (batches then go
+    8 rows at a time, as before) and says why, without turning the other kernels off."""
+    try:
+        x16 = mx.concatenate([x, x[::-1] * 0.75])
+        y16 = cuda_qmm.quantized_matmul_rows(x16, wq, s, b, 4, 64)
+        parts = [(slice(0, 8), x16[:8]), (slice(8, 16), x16[8:]), (slice(12, 13), x16[12:13])]
+        same = all(bool(mx.array_equal(y16[k], cuda_qmm.quantized_matmul_rows(xs, wq, s, b, 4, 64))) for k, xs in parts)
+        same = same and bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x16[:11], wq, s, b, 4, 64), y16[:11]))
+        why = None if same else "9-16 rows in one launch differ from the same rows in 8-row launches"
+    except Exception as exc:  # noqa: BLE001  (the one-tile kernel passed: keep it)
+        why = f"{type(exc).__name__}: {exc}"
+    cuda_qmm.TWO_TILES.update(on=why is None, why=why)
+
+
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,
                fused_attention: bool = False) -> Optional[str]:
     """Run the kernels once against plain ops; None if they agree, else why not.
@@ -135,7 +151,7 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             kw, kx, key = mx.random.split(key, 3)
             w = mx.random.normal((64, 256), key=kw).astype(mx.bfloat16)
             wq, s, b = mx.quantize(w, group_size=64, bits=4)
-            x = mx.random.normal((cuda_qmm.MAX_ROWS, 256), key=kx).astype(mx.bfloat16)
+            x = mx.random.normal((cuda_qmm.TILE_ROWS, 256), key=kx).astype(mx.bfloat16)
             y = cuda_qmm.quantized_matmul_rows(x, wq, s, b, 4, 64)
             ref = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
             err = float(mx.abs(y.astype(mx.float32) - ref.astype(mx.float32)).max())
@@ -143,9 +159,9 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             if not err <= 0.02 * scale:
                 return f"the quantized matmul differs from mx.quantized_matmul by {err:.2e}"
             # What exactness rests on: a row's bits do not depend on the rows beside it.
-            for m in range(1, cuda_qmm.MAX_ROWS):
+            for m in range(1, cuda_qmm.TILE_ROWS):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], wq, s, b, 4, 64), y[:m])):
-                    return f"the quantized matmul's rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
+                    return f"the quantized matmul's rows change with the row count ({m} vs {cuda_qmm.TILE_ROWS})"
             # The MLP's down projection reading silu(gate) * up from gate|up as it loads it.
             gate_up = mx.concatenate([x, x[::-1] * 0.5], axis=-1)
             y = cuda_qmm.quantized_matmul_rows(gate_up, wq, s, b, 4, 64, swiglu=True)
@@ -154,7 +170,8 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
                 return f"the quantized matmul with its SwiGLU input differs from the ops by {rel_err(y, ref):.2e}"
             for m in (1, 3):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(gate_up[:m], wq, s, b, 4, 64, swiglu=True), y[:m])):
-                    return f"the quantized matmul's SwiGLU rows change with the row count ({m} vs {cuda_qmm.MAX_ROWS})"
+                    return f"the quantized matmul's SwiGLU rows change with the row count ({m} vs {cuda_qmm.TILE_ROWS})"
+            check_two_tiles(x, wq, s, b)
         q, k, v, g, beta, state = gdn.random_inputs(key, 3, *GDN_CHECK_SHAPE)
         y, states = gdn.gated_delta_steps(q, k, v, g, beta, state, backend=backend)
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)

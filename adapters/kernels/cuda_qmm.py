@@ -1,4 +1,4 @@
-"""A quantized matmul for 1-8 rows on CUDA: one launch reads each packed weight once for all rows.
+"""A quantized matmul for 1-16 rows on CUDA: one launch reads each packed weight once for all rows.
 
 Why: MLX CUDA's quantized matvec launches a grid over rows and re-reads the weights for
 every row (~0.42 TB/s for one row of the 9B lm_head, linear in rows; KNOWLEDGE section 10),
@@ -22,7 +22,14 @@ import mlx.nn as nn
 
 from .naming import versioned
 
-MAX_ROWS = 8  # one mma tile of token columns
+TILE_ROWS = 8  # one mma tile of token columns
+MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) read the weights once too
+TWO_TILES = {"on": True, "why": None}  # the load check turns 9-16 rows a launch off if they fail it
+
+
+def rows_per_launch() -> int:
+    """Rows one launch takes: two tiles unless their load check failed (then 8 at a time)."""
+    return MAX_ROWS if TWO_TILES["on"] else TILE_ROWS
 QMM_ROWS = 16  # output rows of one mma tile: N must be whole tiles
 QMM_MAX_WARPS = 8  # warps of a block splitting K (the kernel's shared partials hold 8)
 QMM_TARGET_WARPS = 2048  # warps a launch aims for (132 SMs x ~16), so loads stay in flight
@@ -149,15 +156,18 @@ QMM_SOURCE = r"""
   const int G = K / GROUP;
   const int wrow = K * BITS / 32;
   const int n_chunks = K / CHUNK;
-  const bool has_row = g < M;
+  // NC tiles of 8 token columns (rows g and g + 8 with NC = 2): the same weight fragments feed
+  // each tile's mma, and a column's arithmetic does not depend on its tile or its neighbours.
 
-  float acc[TILES][4];
+  float acc[TILES][NC][4];
 #pragma unroll
-  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < TILES; ++i)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[i][c][0] = acc[i][c][1] = acc[i][c][2] = acc[i][c][3] = 0.f;
 
   uint4 wv[U][TILES][2];
   T sv[U][TILES][2], bv[U][TILES][2];
-  uint4 xv[U][XV];
+  uint4 xv[U][NC][XV];
 
   for (int base = warp; base < n_chunks; base += U * W) {
     // Every load of U chunks first (memory-level parallelism), then their arithmetic.
@@ -177,14 +187,19 @@ QMM_SOURCE = r"""
           }
         }
 #pragma unroll
-        for (int i = 0; i < XV; ++i) {
-          if constexpr (SWIGLU) {
-            xv[u][i] = has_row ? qmm_swiglu<T>(__ldg(reinterpret_cast<const uint4*>(x + (size_t)g * XK + k0 + 8 * i)),
-                                               __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * XK + K + k0 + 8 * i)))
-                               : make_uint4(0u, 0u, 0u, 0u);
-          } else {
-            xv[u][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)g * K + k0 + 8 * i))
-                               : make_uint4(0u, 0u, 0u, 0u);
+        for (int c = 0; c < NC; ++c) {
+          const int xrow = g + 8 * c;
+          const bool has_row = xrow < M;
+#pragma unroll
+          for (int i = 0; i < XV; ++i) {
+            if constexpr (SWIGLU) {
+              xv[u][c][i] = has_row ? qmm_swiglu<T>(__ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + k0 + 8 * i)),
+                                                    __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + K + k0 + 8 * i)))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+            } else {
+              xv[u][c][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * K + k0 + 8 * i))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+            }
           }
         }
       }
@@ -192,7 +207,6 @@ QMM_SOURCE = r"""
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (base + u * W < n_chunks) {
-        const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[u]);
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
           const typename Tr::T2 s_lo = Tr::pair(sv[u][i][0]), s_hi = Tr::pair(sv[u][i][1]);
@@ -204,29 +218,36 @@ QMM_SOURCE = r"""
 #pragma unroll
           for (int j = 0; j < KSTEPS; ++j) {
             int word, sh0, sh1;
-            uint32_t b0, b1;
             if constexpr (BITS == 4) {
               // step j: word j/2; slot pairs = nibbles (2e, 2e+4) and (2e+1, 2e+5), e = j%2
-              const int e = j & 1;
               word = j >> 1;
-              sh0 = 8 * e;
-              sh1 = 8 * e + 4;
-              const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
-              b0 = __byte_perm(xa, xb, 0x5410);
-              b1 = __byte_perm(xa, xb, 0x7632);
+              sh0 = 8 * (j & 1);
+              sh1 = 8 * (j & 1) + 4;
             } else {
               word = j;
               sh0 = 0;
               sh1 = 16;
-              b0 = xr[2 * j];
-              b1 = xr[2 * j + 1];
             }
             uint32_t a[4];
             a[0] = qmm_dequant<T, BITS>(wl[word], sh0, s_lo, b_lo, sf_lo, bf_lo);
             a[1] = qmm_dequant<T, BITS>(wh[word], sh0, s_hi, b_hi, sf_hi, bf_hi);
             a[2] = qmm_dequant<T, BITS>(wl[word], sh1, s_lo, b_lo, sf_lo, bf_lo);
             a[3] = qmm_dequant<T, BITS>(wh[word], sh1, s_hi, b_hi, sf_hi, bf_hi);
-            Tr::mma(acc[i], a, b0, b1);
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+              const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[u][c]);
+              uint32_t b0, b1;
+              if constexpr (BITS == 4) {
+                const int e = j & 1;
+                const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
+                b0 = __byte_perm(xa, xb, 0x5410);
+                b1 = __byte_perm(xa, xb, 0x7632);
+              } else {
+                b0 = xr[2 * j];
+                b1 = xr[2 * j + 1];
+              }
+              Tr::mma(acc[i][c], a, b0, b1);
+            }
           }
         }
       }
@@ -235,20 +256,23 @@ QMM_SOURCE = r"""
 
   // The warps' partials summed in a fixed order (warp 0, 1, ...): a row's result does not
   // depend on how many rows travel with it.
-  __shared__ float red[8][TILES * 4][32];
+  __shared__ float red[8][TILES * NC * 4][32];
 #pragma unroll
   for (int i = 0; i < TILES; ++i)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) red[warp][i * 4 + r][lane] = acc[i][r];
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[warp][(i * NC + c) * 4 + r][lane] = acc[i][c][r];
   __syncthreads();
-  for (int s = threadIdx.x; s < TILES * 4 * 32; s += blockDim.x) {
+  for (int s = threadIdx.x; s < TILES * NC * 4 * 32; s += blockDim.x) {
     const int slot = s >> 5, l = s & 31;
     float sum = 0.f;
     for (int v = 0; v < W; ++v) sum += red[v][slot][l];
-    // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols)
-    const int i = slot >> 2, r = slot & 3;
+    // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols); tile c's
+    // columns are token rows 8c..8c+7
+    const int i = (slot >> 2) / NC, c = (slot >> 2) % NC, r = slot & 3;
     const int row = n0 + 16 * i + (l >> 2) + 8 * (r >> 1);
-    const int col = 2 * (l & 3) + (r & 1);
+    const int col = 2 * (l & 3) + (r & 1) + 8 * c;
     if (col < M) {
       T out = static_cast<T>(sum);
       QMM_RESIDUAL
@@ -327,8 +351,8 @@ def _qmm_kernel(residual: bool, swiglu: bool = False):
 def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                           bits: int, group_size: int, residual: Optional[mx.array] = None,
                           config: Optional[Tuple[int, int]] = None, swiglu: bool = False) -> mx.array:
-    """x [..., K] (1-8 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
-    rows; `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
+    """x [..., K] (1-16 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
+    rows (9-16: two tiles of token columns, each row as in one tile); `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
     `swiglu`: x is an MLP's gate|up [..., 2K] and the input is silu(gate) * up (swiglu_rows),
     computed as the kernel reads it.
 
@@ -337,7 +361,8 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
     # No reshapes around the launch: every primitive costs the host time in a decode step.
     N = w.shape[0]
     K = x.shape[-1] // 2 if swiglu else x.shape[-1]
-    template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu)
+    rows = x.size // x.shape[-1]
+    template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu, 1 if rows <= TILE_ROWS else 2)
     (y,) = _qmm_kernel(residual is not None, swiglu)(
         inputs=[x, w, scales, biases] if residual is None else [x, w, scales, biases, residual],
         template=template, grid=grid, threadgroup=block,
@@ -357,10 +382,12 @@ def swiglu_rows(gate_up: mx.array) -> mx.array:
 
 @lru_cache(maxsize=None)
 def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[Tuple[int, int]],
-            swiglu: bool = False):
+            swiglu: bool = False, nc: int = 1):
     tiles, warps = config or qmm_config(N, K, bits)
-    template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles), ("U", QMM_UNROLL),
-                ("SWIGLU", int(swiglu))]
+    # Two column tiles hold twice the token values: one chunk in flight instead of two (the
+    # chunks' order, and so every sum's, stays the same).
+    template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles),
+                ("U", QMM_UNROLL if nc == 1 else 1), ("SWIGLU", int(swiglu)), ("NC", nc)]
     return template, (N // (16 * tiles) * warps * 32, 1, 1), (warps * 32, 1, 1)
 
 

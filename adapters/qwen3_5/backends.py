@@ -127,6 +127,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         on = on if kb == "cuda" else (False, False)
         why, said = _checked(kb, on)
         if why is None:
+            if kb == "cuda" and not kernels.cuda_qmm.TWO_TILES["on"]:
+                said += f"; batches' matmuls go 8 rows a launch ({kernels.cuda_qmm.TWO_TILES['why']})"
             runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
             long = GpuPrefill() if kb == "cuda" else MlxOps()

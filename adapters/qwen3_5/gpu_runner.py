@@ -295,7 +295,7 @@ class CompiledGpuKernels(GpuKernels):
         return fn(hidden, embedding)
 
 
-MAX_ROWS = cuda_qmm.MAX_ROWS
+MAX_ROWS = cuda_qmm.TILE_ROWS  # the support checks' row count, and Metal's probe of MLX's matmul
 
 
 def _each_sequence(kernel, q, k, v, g, beta, state) -> list:
@@ -329,17 +329,17 @@ def _kernel_fits(m, x) -> bool:
 
 
 def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None, swiglu=False):
-    """The row kernel on x [..., K], 8 rows a launch where there are more (each row as alone);
+    """The row kernel on x [..., K], 16 rows a launch where there are more (each row as alone);
     `swiglu`: x is gate|up and the kernel's input silu(gate) * up."""
-    rows = _rows_of(x)
-    if rows <= MAX_ROWS:
+    rows, most = _rows_of(x), cuda_qmm.rows_per_launch()
+    if rows <= most:
         return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual, swiglu=swiglu)
     K, N = x.shape[-1], w.shape[0]
     flat = x.reshape(rows, K)
     res = None if residual is None else residual.reshape(rows, N)
-    y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + MAX_ROWS], w, scales, biases, bits, group_size,
-                                                       None if res is None else res[i:i + MAX_ROWS], swiglu=swiglu)
-                        for i in range(0, rows, MAX_ROWS)])
+    y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + most], w, scales, biases, bits, group_size,
+                                                       None if res is None else res[i:i + most], swiglu=swiglu)
+                        for i in range(0, rows, most)])
     return y.reshape(*x.shape[:-1], N)
 
 

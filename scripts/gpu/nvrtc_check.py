@@ -288,6 +288,18 @@ def collect(full: bool, project: str = PROJECT):
                                 mx.zeros((rows, Kd), dt), mx.zeros((N, Kd * bits // 32), mx.uint32),
                                 mx.zeros((N, Kd // gs), dt), mx.zeros((N, Kd // gs), dt), bits, gs,
                                 residual=mx.zeros((rows, N), dt) if res else None))
+        # two tiles of token columns (a batch's verify: 9-16 rows), the MLP's widest and the lm_head's shape
+        for bits in (4, 8):
+            for N, Kd in ((24576, 4096), (4096, 12288), (248320, 4096)):
+                rec(f"qmm b{bits} g64 {Kd}->{N} 12 rows{tag}",
+                    lambda bits=bits, N=N, Kd=Kd, dt=dt: cuda_qmm.quantized_matmul_rows(
+                        mx.zeros((12, Kd), dt), mx.zeros((N, Kd * bits // 32), mx.uint32),
+                        mx.zeros((N, Kd // 64), dt), mx.zeros((N, Kd // 64), dt), bits, 64))
+        rec(f"qmm b4 g64 swiglu 12288->4096 +res 12 rows{tag}",
+            lambda dt=dt: cuda_qmm.quantized_matmul_rows(
+                mx.zeros((12, 2 * 12288), dt), mx.zeros((4096, 12288 * 4 // 32), mx.uint32),
+                mx.zeros((4096, 12288 // 64), dt), mx.zeros((4096, 12288 // 64), dt), 4, 64,
+                residual=mx.zeros((12, 4096), dt), swiglu=True))
         # the MLP's down projection reading silu(gate) * up from gate|up (9B: 12288 -> 4096)
         for bits in (4, 8):
             rec(f"qmm b{bits} g64 swiglu 12288->4096 +res{tag}",
