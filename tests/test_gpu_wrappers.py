@@ -896,3 +896,23 @@ def test_attention_rows_share_a_partials_block_within_shared_memory():
             assert 4 * rb * G * (hd + CHUNK) <= 48 * 1024
     assert [rows_per_block(L, 4, 256) for L in range(1, 9)] == list(range(1, 9))  # the 9B shape: all rows
     assert rows_per_block(8, 8, 256) == 4
+
+
+def test_two_tiles_of_rows_are_turned_off_alone_when_they_differ_from_one_tile(monkeypatch):
+    """The load check of 9-16 rows a launch: equal to 8-row launches keeps it on; a kernel whose
+    second tile differs turns it off (batches go 8 rows a launch) without failing the check."""
+    monkeypatch.setitem(gk.TWO_TILES, "on", True)
+    w = mx.random.normal((64, 256), key=mx.random.key(1)).astype(BF)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    x = mx.random.normal((8, 256), key=mx.random.key(2)).astype(BF)
+    monkeypatch.setattr(gk, "quantized_matmul_rows", _row_by_row_kernel([]))
+    kernels.check_two_tiles(x, wq, s, b)
+    assert gk.TWO_TILES["on"] and gk.rows_per_launch() == 16
+    honest = _row_by_row_kernel([])
+
+    def second_tile_differs(x, *a, **k):
+        y = honest(x, *a, **k)
+        return y if x.shape[0] <= 8 else mx.concatenate([y[:8], y[8:] + 1])
+    monkeypatch.setattr(gk, "quantized_matmul_rows", second_tile_differs)
+    kernels.check_two_tiles(x, wq, s, b)
+    assert not gk.TWO_TILES["on"] and gk.rows_per_launch() == 8 and "differ" in gk.TWO_TILES["why"]
