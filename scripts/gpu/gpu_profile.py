@@ -126,22 +126,27 @@ def step_costs(ad, ids) -> tuple:
         mx.eval(logits, ad.state_arrays(cache, None))
         runs.append(time.perf_counter() - t0)
     secs["2-no-capture"] = statistics.median(runs[2:])
-    dot = Path("/tmp/mtp_chat_step.dot")
     sizes = {}
     for w in widths:
-        builds, kinds = [], Counter()
-        for r in range(5):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            logits, state = forward_and_commit(ad, cache, tokens, w)
-            builds.append(time.perf_counter() - t0)
-            if r == 0:
-                mx.export_to_dot(str(dot), logits)
-                kinds = primitive_kinds(dot.read_text())
-            mx.eval(logits, state)
-        sizes[str(w)] = {"primitives": sum(kinds.values()), "build_ms": statistics.median(builds) * 1e3,
-                         "kinds": dict(kinds.most_common())}
+        kinds, build_ms = step_graph(ad, cache, tokens, w)
+        sizes[str(w)] = {"primitives": sum(kinds.values()), "build_ms": build_ms, "kinds": dict(kinds.most_common())}
     return {str(w): s * 1e3 for w, s in secs.items()}, sizes
+
+
+def step_graph(ad, cache, tokens, width: int, runs: int = 5) -> tuple:
+    """A forward (+ commit) of `width` positions: its primitives by kind (mx.export_to_dot's
+    rectangles, first run) and the host's time to build it (ms, median of `runs`)."""
+    builds, kinds, dot = [], Counter(), Path("/tmp/mtp_chat_step.dot")
+    for r in range(runs):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        logits, state = forward_and_commit(ad, cache, tokens, width)
+        builds.append(time.perf_counter() - t0)
+        if r == 0:
+            mx.export_to_dot(str(dot), logits)
+            kinds = primitive_kinds(dot.read_text())
+        mx.eval(logits, state)
+    return kinds, statistics.median(builds) * 1e3
 
 
 def primitive_kinds(dot: str) -> Counter:

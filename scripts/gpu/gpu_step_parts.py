@@ -38,7 +38,7 @@ from adapters.qwen3_5.layers import AttnParams, GdnParams  # noqa: E402
 from core import AutoregressiveDecoder, Prompt, SamplerConfig, chat_prompt_ids  # noqa: E402
 from core.stream import prefill  # noqa: E402
 from scripts.gpu.gpu_exact import forward_and_commit, synced_seconds  # noqa: E402
-from scripts.gpu.gpu_profile import primitive_kinds  # noqa: E402
+from scripts.gpu.gpu_profile import step_graph  # noqa: E402
 
 L2 = 64 << 20
 ENV_VARIANTS = {"graphs off": {"MLX_USE_CUDA_GRAPHS": "0"}, "400 ops a graph": {"MLX_MAX_OPS_PER_BUFFER": "400"},
@@ -164,20 +164,10 @@ def step(ad, widths=(1, 3)) -> dict:
     prefill(ad, Prompt(tuple(ids), (len(ids) - 1,)), cache, None, None)
     tokens = mx.array([ids[-5:]], dtype=mx.int32)
     res = {}
-    dot = Path("/tmp/mtp_chat_parts.dot")
     for w in widths:
         res[f"forward_{w}_ms"] = synced_seconds(lambda: forward_and_commit(ad, cache, tokens, w), 15) * 1e3
-        builds = []
-        for r in range(7):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            logits, state = forward_and_commit(ad, cache, tokens, w)
-            builds.append(time.perf_counter() - t0)
-            if r == 0:
-                mx.export_to_dot(str(dot), logits)
-                res[f"kinds_{w}"] = dict(primitive_kinds(dot.read_text()).most_common())
-            mx.eval(logits, state)
-        res[f"build_{w}_ms"] = statistics.median(builds[1:]) * 1e3
+        kinds, res[f"build_{w}_ms"] = step_graph(ad, cache, tokens, w, runs=7)
+        res[f"kinds_{w}"] = dict(kinds.most_common())
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=8)
     _, st = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=64)
