@@ -100,3 +100,83 @@ def test_the_script_stops_its_server_when_a_call_fails(tiny_checkpoint, tmp_path
     assert str(exc.value).startswith("POST /v1/messages answered HTTP 400: {") and "prompt is too long" in str(exc.value)
     assert len(started) == 1 and started[0].proc.poll() is not None
     assert not (tmp_path / "out.json").exists()
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one left to a PID 1 that does not reap)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_script_ends_its_server_and_keeps_its_log(tmp_path, sig):
+    """A timeout's SIGTERM to the script (the GPU run's agent stage: 480 s, then `timeout`) ends
+    its server, and the server's process group, before the script exits: Python's default
+    SIGTERM ran no `except`/`finally`, and a server left running holds the GPU's memory for the
+    stages after it. The server's log stays beside the JSON, a header line per start, and the
+    script says where it is and prints its last lines. A SIGKILL, which no handler sees, ends
+    the server too (the kernel's parent-death signal)."""
+    import os
+    import queue
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    script = agent.ROOT / "scripts" / "bench" / "agent_session.py"
+    out = tmp_path / "agent.json"
+    proc = subprocess.Popen([sys.executable, str(script), "--model", str(agent.ROOT / "models" / "demo"),
+                             "--system-tokens", "100", "--result-tokens", "50", "--turns", "2", "--max-tokens", "8",
+                             "--no-warmup", "--json", str(out)],
+                            cwd=agent.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: "queue.Queue" = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
+    said, pid, left = [], None, False
+    try:
+        while pid is None:
+            line = lines.get(timeout=120)   # the server's start on a loaded 2-core host: ~5-20 s
+            assert line is not None, "the script ended before its server was up:\n" + "".join(said)
+            said.append(line)
+            if "server up (pid " in line:
+                pid = int(line.split("server up (pid ", 1)[1].split(")", 1)[0])
+        assert _alive(pid)
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(60) == (128 + signal.SIGTERM if sig == "SIGTERM" else -signal.SIGKILL)
+        while (line := lines.get(timeout=10)) is not None:
+            said.append(line)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _alive(pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)   # whatever is left of its group (nothing, if it works)
+            except ProcessLookupError:
+                pass
+        for line in said:                        # the prefix caches' folder, which a SIGKILL leaves behind
+            if "prefix caches in " in line:
+                shutil.rmtree(line.split("prefix caches in ", 1)[1].split(";", 1)[0].strip(), ignore_errors=True)
+    text = "".join(said)
+    assert not left, text
+    log = tmp_path / "agent.server.log"
+    content = log.read_text()
+    assert content.startswith("===== agent_session.py run at ")
+    assert "===== server start 1 (warm, turn 1) at " in content
+    assert "| mtp-chat: " in content            # the server's lines, each after its time
+    if sig == "SIGTERM":
+        assert "SIGTERM: stopping the server and exiting" in text and "the run failed (SIGTERM)" in text
+        assert f"the server's log: {log}" in text and "  | " in text   # its last lines

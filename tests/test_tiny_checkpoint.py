@@ -311,6 +311,31 @@ def test_tokenizer_sizes(tmp_path, vocab_size):
     assert tok.eos_token_id == vocab_size - 1
 
 
+def test_a_large_vocabulary_is_filled_with_vocabulary_entries_not_added_tokens(tmp_path):
+    """The GPU shapes' 248,320 ids hold ~1,000 BPE tokens from the small corpus and fillers for the
+    rest. As added tokens (247,351 of them) llguidance's tokenizer, built for the first request with
+    a forced tool call, took 472 s (quadratic in their number) and the agent stage printed nothing
+    in 480 s. As entries of the BPE's vocabulary no merge produces, the ids and every token's text
+    are what they were, and only the specials are added tokens."""
+    from scripts.checkpoints.tokenizer_files import SPECIAL_TOKENS, write_tokenizer
+    from transformers import AutoTokenizer
+
+    vocab = 32768
+    ids = write_tokenizer(tmp_path, vocab, 262144)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert [a["content"] for a in data["added_tokens"]] == list(SPECIAL_TOKENS)
+    assert len(json.loads((tmp_path / "tokenizer_config.json").read_text())["added_tokens_decoder"]) == 3
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tok) == vocab and ids == {t: vocab - 3 + i for i, t in enumerate(SPECIAL_TOKENS)}
+    filler = tok.convert_tokens_to_ids("<|extra_0|>")
+    assert 256 < filler < vocab - 3 and tok.decode([filler]) == "<|extra_0|>"
+    assert tok.convert_ids_to_tokens(vocab - 4) == f"<|extra_{vocab - 4 - filler}|>"
+    s = "The quick brown fox, 42 times! <|im_end|>"
+    assert tok.decode(tok.encode(s)) == s and tok.encode(s)[-1] == ids["<|im_end|>"]
+    llguidance_hf = pytest.importorskip("llguidance.hf")
+    assert llguidance_hf.from_tokenizer(tok).vocab_size == vocab   # 0.1 s (5 s with added fillers, 2-core CPU)
+
+
 def test_cli_and_offline_load(tmp_path):
     out = tmp_path / "cli"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))

@@ -17,28 +17,81 @@ server (`python -m webapp`, started here) with the official `anthropic` client:
 
 Per turn: prompt tokens, tokens read from the prefix cache, tokens prefilled, the new tokens
 (this prompt less the previous prompt and reply), time to first token (the first content
-delta, client side) and the ratio prefilled / new. It runs the session twice:
+delta, client side) and the ratio prefilled / new. It runs the session twice (--runs picks):
 - `warm`: one server, the prefix cache in memory (and written to disk);
 - `restart`: a fresh cache folder, the server restarted (SIGTERM, which writes the cache out)
   before every turn, so each turn finds the conversation only on disk.
 Greedy (T=0), so both runs see the same conversation. The time to prefill only the new tokens
 is estimated from turn 1's prefill rate (a lower bound at long contexts: attention over a longer
 prefix costs more per token); the token ratio is the exact measure.
+
+A run that is cut short still says where it was: every phase is printed as it starts and ends,
+with the seconds since the start (the server's start until /health answers, the tokenizer probe,
+each turn's request and its result), a quiet phase prints the server log's last line every 30 s,
+the JSON is rewritten after every turn (`"complete": false` until the end), and the server's
+log is kept beside it (--log, default `<json>.server.log`, appended to, a header line per start,
+each of its lines after the seconds since that start). SIGTERM or Ctrl+C kills the server and
+whatever it started (its own process group) before the script exits, and a failure prints the
+log's path and its last lines; a SIGKILL of the script kills the server too (Linux).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+T0 = time.monotonic()
+HEARTBEAT = 30.0    # seconds of silence after which a waiting phase prints the server log's last line
+LOG_TAIL = 40       # lines of the server's log printed when the run fails
+
+
+def say(message: str) -> None:
+    """A progress line with the seconds since the script started, at once (a run that is killed
+    still shows how far it got)."""
+    print(f"[{time.monotonic() - T0:7.1f} s] {message}", flush=True)
+
+
+def last_lines(path, n: int) -> list:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+class Heartbeat:
+    """While a phase waits (the server's start, a turn), every `every` seconds a line saying
+    what it waits for and the server log's last line: where a slow server is."""
+
+    def __init__(self, what: str, log, every: float = HEARTBEAT):
+        self.what, self.log, self.every = what, log, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._done.wait(self.every):
+            tail = last_lines(self.log, 1)
+            say(f"... {self.what}: {time.monotonic() - t0:.0f} s so far; server log: "
+                f"{tail[0][:200] if tail else '(empty)'}")
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
 
 TOOLS = [
     {"name": "Read", "description": "Read a file from the local filesystem. Returns its lines, numbered.",
@@ -104,6 +157,22 @@ def chars_per_token(url: str, model_id: str) -> float:
     return len(sample) / sum(count_tokens(url, model_id, sample[i:i + 4000]) - empty for i in (0, 4000))
 
 
+def _die_with_parent():
+    """For Popen's preexec_fn on Linux: the server gets SIGKILL when this script dies, even of a
+    SIGKILL no handler sees (its own session puts it out of reach of a signal to our process
+    group). The libc call is looked up here, before any fork; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    PR_SET_PDEATHSIG = 1
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,21 +180,63 @@ def free_port() -> int:
 
 
 class Server:
-    """`python -m webapp` on a free port with its own prefix-cache folder."""
+    """`python -m webapp` on a free port with its own prefix-cache folder, in a process group of
+    its own (kill() ends the group: nothing it started outlives the run). Its output is appended
+    to `log` after a header line per start."""
 
-    def __init__(self, model: str, cache_dir: str, log, warmup: bool = True):
+    live: set = set()   # servers started and not yet stopped or killed (main() kills what is left)
+    starts = 0
+    timings: list = []  # per start: {"label", "seconds"} until /health answered (the JSON keeps them)
+
+    def __init__(self, model: str, cache_dir: str, log, warmup: bool = True, label: str = ""):
+        Server.starts += 1
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = str(log)
         env = dict(os.environ, PYTHONUNBUFFERED="1", MTP_CHAT_CACHE_DIR=cache_dir)
+        cmd = [sys.executable, "-m", "webapp", "--model", model, "--port", str(self.port)] + ([] if warmup else ["--no-warmup"])
         self.log = open(log, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "webapp", "--model", model, "--port", str(self.port)]
-                                     + ([] if warmup else ["--no-warmup"]),
-                                     cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log.write(f"===== server start {Server.starts}{' (' + label + ')' if label else ''} at "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {time.monotonic() - T0:.1f} s into the run: "
+                       f"{' '.join(cmd[1:])} =====\n")
+        self.log.flush()
+        say(f"starting the server{' (' + label + ')' if label else ''} on port {self.port}"
+            f"{'' if warmup else ', no warm-up'}; log: {log}")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=_die_with_parent())
+        Server.live.add(self)
+        self._copier = threading.Thread(target=self._copy_output, args=(t0,), daemon=True)
+        self._copier.start()
         try:
-            self.model_id = self._ready(log)
+            with Heartbeat("waiting for the server's /health", log):
+                self.model_id = self._ready(log)
         except BaseException:
             self.kill()
             raise
+        self.start_s = time.monotonic() - t0
+        Server.timings.append({"label": label, "seconds": round(self.start_s, 2)})
+        say(f"server up (pid {self.proc.pid}) in {self.start_s:.1f} s: model {self.model_id!r}"
+            + "".join(f"; {line}" for line in self.startup_notes()))
+
+    def _copy_output(self, t0: float) -> None:
+        """The server's output into the log, each line after the seconds since this start (where
+        its start-up and each request spent their time)."""
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            try:
+                self.log.write(f"+{time.monotonic() - t0:7.1f} s | {line}\n")
+                self.log.flush()
+            except ValueError:   # the log was closed: the server is gone
+                break
+
+    def startup_notes(self) -> list:
+        """What the server said of its start's slow parts (this start's lines of the log)."""
+        lines = last_lines(self.log_path, 400)
+        starts = [i for i, line in enumerate(lines) if line.startswith("===== server start")]
+        keys = ("Loaded in", "kernels", "Warm-up done", "cost model")
+        return [line.split("| ", 1)[-1].removeprefix("mtp-chat: ").strip()[:160]
+                for line in lines[starts[-1] if starts else 0:] if any(k in line for k in keys)]
 
     def _ready(self, log) -> str:
         import httpx
@@ -143,20 +254,44 @@ class Server:
         raise SystemExit(f"the server did not start within 600 s: see {log}")
 
     def chars_per_token(self) -> float:
-        return chars_per_token(self.url, self.model_id)
+        t0 = time.monotonic()
+        with Heartbeat("the tokenizer probe (/v1/messages/count_tokens)", self.log_path):
+            cpt = chars_per_token(self.url, self.model_id)
+        say(f"tokenizer probe: {cpt:.3f} characters a token ({time.monotonic() - t0:.1f} s)")
+        return cpt
 
     def stop(self) -> None:
+        """Between turns (the restart run) and at the end: SIGTERM, which the server answers by
+        writing its prefix cache to disk before it exits."""
         time.sleep(1.0)   # the reply's conversation is snapshotted in idle time, as between an agent's turns
+        t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(120)
-        self.log.close()
+        say(f"server stopped (SIGTERM, {time.monotonic() - t0:.1f} s)")
+        self._end()
 
     def kill(self) -> None:
-        """After a failure: the server must not outlive the run (it would hold the CPU or GPU)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """After a failure or a signal: the server must not outlive the run (it would hold the CPU
+        or GPU), nor anything it started: SIGKILL to its whole process group."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)   # start_new_session: its group is its pid
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
             self.proc.wait(60)
-        self.log.close()
+        except subprocess.TimeoutExpired:
+            print(f"the server (pid {self.proc.pid}) did not end within 60 s of SIGKILL", file=sys.stderr, flush=True)
+        self._end()
+
+    def _end(self) -> None:
+        try:   # whatever the server started and left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        Server.live.discard(self)
+        self._copier.join(10)   # the output's last lines (the pipe ends with the process group)
+        if not self.log.closed:
+            self.log.close()
 
 
 def one_turn(client, model_id: str, system: str, messages: list, choice: dict, max_tokens: int) -> dict:
@@ -196,22 +331,32 @@ def next_messages(messages: list, reply: dict, result_chars: int, turn: int) -> 
     return out + [{"role": "user", "content": source_text(result_chars, 7919 * turn)}]
 
 
-def session(model: str, args, restart: bool, cache_dir: str, log: str) -> list:
+def prompt_chars(system: str, messages: list) -> int:
+    """The request's size in characters (system prompt and messages' text, tools left out)."""
+    return len(system) + len(json.dumps(messages, ensure_ascii=False))
+
+
+def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=lambda rows: None) -> list:
+    """One run of the session; `progress(rows)` after every turn (the rows so far)."""
     import anthropic
 
+    name = "restart" if restart else "warm"
     messages, rows, server, system = [{"role": "user", "content": TASK}], [], None, None
     try:
         for turn in range(1, args.turns + 1):
             if server is None or restart:
                 if server is not None:
                     server.stop()
-                server = Server(model, cache_dir, log, warmup=not args.no_warmup)
+                server = Server(model, cache_dir, log, warmup=not args.no_warmup, label=f"{name}, turn {turn}")
             if system is None:
                 cpt = server.chars_per_token()
                 system = system_prompt(int(args.system_tokens * cpt))
             client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
             choice = {"type": "any"} if turn < args.turns else {"type": "auto"}
-            row = one_turn(client, server.model_id, system, messages, choice, args.max_tokens)
+            say(f"{name} turn {turn}: sending {prompt_chars(system, messages):,} characters "
+                f"({len(messages)} messages)")
+            with Heartbeat(f"{name} turn {turn}'s reply", log):
+                row = one_turn(client, server.model_id, system, messages, choice, args.max_tokens)
             if rows:
                 before = rows[-1]
                 row["new_tokens"] = row["prompt_tokens"] - before["prompt_tokens"] - before["output_tokens"]
@@ -220,22 +365,63 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str) -> list:
             row["prefilled_over_new"] = row["prefilled_tokens"] / max(1, row["new_tokens"])
             row["turn"] = turn
             rows.append(row)
-            print(f"{'restart' if restart else 'warm'} turn {turn}: prompt {row['prompt_tokens']}, cached "
-                  f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
-                  f"(x{row['prefilled_over_new']:.2f}), ttft {row['ttft_s']:.3f} s (prefill {row['prefill_s']:.3f} s), "
-                  f"{row['stop_reason']}", flush=True)
+            say(f"{name} turn {turn}: prompt {row['prompt_tokens']}, cached "
+                f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
+                f"(x{row['prefilled_over_new']:.2f}), ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
+                f"wall {row['wall_s']:.1f} s, {row['stop_reason']}")
+            progress(rows)
             sizes = args.result_tokens
             messages = next_messages(messages, row, int(cpt * sizes[(turn - 1) % len(sizes)]), turn)
+        server.stop()
     except BaseException:
         if server is not None:
             server.kill()
         raise
-    server.stop()
     rate = rows[0]["prefilled_tokens"] / rows[0]["prefill_s"]
     for row in rows:
         row["ttft_over_new_prefill"] = row["ttft_s"] / (row["new_tokens"] / rate)
         row.pop("content")
     return rows
+
+
+def _s(seconds) -> str:
+    return "?" if seconds is None else f"{seconds:.3f} s"
+
+
+def rows_for_json(rows: list) -> list:
+    return [{k: v for k, v in row.items() if k != "content"} for row in rows]
+
+
+def write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)
+
+
+class Terminated(SystemExit):
+    """SIGTERM (a timeout, a job's end): raised in the main thread, so that every `except
+    BaseException` kills its server on the way out."""
+
+
+def install_signals() -> dict:
+    """SIGTERM raises Terminated and SIGINT KeyboardInterrupt, once: a second signal during the
+    clean-up is ignored, so that it kills the server to the end. Returns the handlers replaced."""
+    fired = []
+
+    def handler(signum, frame):
+        if fired:
+            return
+        fired.append(signum)
+        name = signal.Signals(signum).name
+        print(f"[{time.monotonic() - T0:7.1f} s] {name}: stopping the server and exiting", file=sys.stderr, flush=True)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def main(argv=None) -> int:
@@ -251,19 +437,60 @@ def main(argv=None) -> int:
     ap.add_argument("--no-warmup", action="store_true",
                     help="start the server without its warm-up (minutes on a CPU); the first turn after each "
                          "start then also compiles")
+    ap.add_argument("--runs", nargs="+", choices=("warm", "restart"), default=["warm", "restart"],
+                    help="which sessions to run (default both): the restart run starts a server before every turn, "
+                         "a minute or more each at the 9B shape on a GPU")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--log", default=None,
+                    help="the servers' output, appended to (a header line per start; default: beside --json, "
+                         "<json name>.server.log)")
     a = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="agent-session-"))
+    out = Path(a.json)
+    log = Path(a.log) if a.log else out.with_name(out.stem + ".server.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"===== agent_session.py run at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv or sys.argv[1:])} =====\n")
+    previous = install_signals()
+    Server.starts, Server.timings = 0, []
+    work = Path(tempfile.mkdtemp(prefix="agent-session-"))   # the prefix caches (GBs at the 9B shape)
     report = {"model": a.model, "system_tokens_asked": a.system_tokens, "result_tokens": a.result_tokens,
               "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip()}
-    report["warm"] = session(a.model, a, False, str(work / "cache-warm"), str(work / "server.log"))
-    report["restart"] = session(a.model, a, True, str(work / "cache-restart"), str(work / "server.log"))
-    for name in ("warm", "restart"):
-        later = report[name][1:]
-        report[f"{name}_worst_prefilled_over_new"] = max(r["prefilled_over_new"] for r in later)
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
+                                       text=True).stdout.strip(),
+              "server_log": str(log.resolve()), "complete": False}
+    say(f"agent session on {a.model}: {a.turns} turns, {' then '.join(a.runs)}; JSON {out}; server log {log}; "
+        f"prefix caches in {work}")
+    try:
+        for name in a.runs:
+            def progress(rows, name=name):
+                report[name] = rows_for_json(rows)
+                report["server_starts"] = Server.timings
+                write_json(out, report)
+
+            report[name] = session(a.model, a, name == "restart", str(work / f"cache-{name}"), str(log), progress)
+            report["server_starts"] = Server.timings
+            write_json(out, report)
+        for name in a.runs:
+            later = report[name][1:]
+            if later:
+                report[f"{name}_worst_prefilled_over_new"] = max(r["prefilled_over_new"] for r in later)
+        report["complete"] = True
+        write_json(out, report)
+    except BaseException as exc:
+        for server in list(Server.live):   # any left (each session kills its own on the way out)
+            server.kill()
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            tail = last_lines(log, LOG_TAIL)
+            why = signal.Signals(exc.code - 128).name if isinstance(exc, Terminated) else \
+                type(exc).__name__ + (": " + str(exc)[:300] if str(exc) else "")
+            print(f"[{time.monotonic() - T0:7.1f} s] the run failed ({why}); the server's log: {log}"
+                  + (f", its last {len(tail)} lines:\n" + "\n".join("  | " + line for line in tail) if tail else " (empty)"),
+                  file=sys.stderr, flush=True)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(work, ignore_errors=True)
+    say("done")
     print(json.dumps({k: v for k, v in report.items() if k.endswith("over_new")}))
     return 0
 

@@ -200,13 +200,21 @@ def _train_tokenizer_json(vocab_size: int, extra_tokens=()) -> str:
         special_tokens=[],
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    # A small corpus may give fewer merges than asked: fill so the ids are contiguous and
-    # the specials sit at the very end (vocab_size - 3 ...), like Qwen's.
+    # A small corpus may give fewer merges than asked (969 tokens): fill so the ids are contiguous
+    # and the specials sit at the very end (vocab_size - 3 ...), like Qwen's. The fillers are
+    # entries of the BPE's own vocabulary that no merge produces (never in an encoding, decoded
+    # as their text), not added tokens: 247,351 added tokens (the 9B shape's 248,320 ids) took
+    # llguidance's tokenizer (a forced tool call's grammar, core/constraints.py) 472 s to build
+    # on a 2-core CPU, quadratic in their number (32,768 ids: 5 s), and transformers 9 s to load;
+    # as vocabulary entries, 1 s.
     n = tok.get_vocab_size()
-    fillers = [AddedToken(f"<|extra_{i}|>", special=False, normalized=False)
-               for i in range(vocab_size - n_special - n)]
-    if fillers:
-        tok.add_tokens(fillers)
+    if vocab_size - n_special > n:
+        data = json.loads(tok.to_str())
+        vocab = data["model"]["vocab"]
+        fillers = {f"<|extra_{i}|>": n + i for i in range(vocab_size - n_special - n)}
+        assert not set(fillers) & set(vocab)
+        vocab.update(fillers)
+        tok = Tokenizer.from_str(json.dumps(data))
     if extra_tokens:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_tokens])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
@@ -221,8 +229,8 @@ def write_tokenizer(out: Path, vocab_size: int, model_max_length: int, template:
     js = _train_tokenizer_json(vocab_size, tuple(TEMPLATE_TOKENS.get(template, ())) + tuple(extra_tokens))
     (out / "tokenizer.json").write_text(js)
     ids = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
-    # Every added token (fillers and specials) with its id: transformers rebuilds the added
-    # tokens from this map and would renumber any that are missing.
+    # Every added token (the specials and extra tokens) with its id: transformers rebuilds the
+    # added tokens from this map and would renumber any that are missing.
     added = {
         str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
                                           "single_word", "special")}

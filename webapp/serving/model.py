@@ -291,8 +291,12 @@ class ModelHost:
         _, stats = self.worker.call(lambda: self.decoder("ar", params).generate(ref, max_tokens=2 * tokens))
         self.note_ar_speed(params, len(ref), stats.tokens_per_second, stats.generated_tokens)
         # The cost model ('auto', and the predicted speed-up of fixed depths): saved, or measured now.
-        self.calibration.measure_now()
-        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s)")
+        t1 = time.perf_counter()
+        if self.calibration.needed(64):
+            log(f"Warm-up: replies done in {t1 - t0:.1f} s; measuring the cost model ...")
+        measured = self.calibration.measure_now(64)
+        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s"
+            + (f"; the cost model measured in {time.perf_counter() - t1:.1f} s)" if measured else ")"))
 
     # --- the AR speed the chat's speedup estimate compares against (webapp/serving/ar_reference.py) --
     def note_ar_speed(self, params: RunParams, prompt_tokens: int, tokens_per_second: float, tokens: int) -> None:
