@@ -210,8 +210,10 @@ def main(argv=None) -> int:
         try:
             report[name] = step()
         except Exception as exc:  # noqa: BLE001  one failing step must not hide the others
+            # What MLX held when it failed (a 32k parity once ran out of a 139 GiB GPU's memory).
+            held = {k: getattr(mx, f"get_{k}_memory")() / 2**30 for k in ("active", "cache", "peak")}
             fails.append(f"{name}: {type(exc).__name__}: {exc}")
-            log(f"{name} failed: {type(exc).__name__}: {exc}")
+            log(f"{name} failed: {type(exc).__name__}: {exc}; MLX memory GiB " + json.dumps(held))
         report["failures"] = fails
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=2))
