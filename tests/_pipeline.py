@@ -40,6 +40,12 @@ def start_ranks(folder: Path, argv_of, n: int = 2, env: Optional[dict] = None) -
     return procs
 
 
+def bind_failed(folder: Path, n: int) -> bool:
+    """Whether a rank could not bind its ring port: free_ports releases the ports it found, and
+    another test's server (pytest-xdist runs several) may take one before the rank binds it."""
+    return any("Couldn't bind socket" in (folder / f"rank{r}.log").read_text() for r in range(n))
+
+
 def logs(folder: Path, n: int) -> str:
     return "\n".join(f"--- rank {r}\n" + (folder / f"rank{r}.log").read_text()[-3000:] for r in range(n))
 
@@ -55,8 +61,12 @@ def run_job(folder: Path, job: dict, n: int = 2, timeout: float = 120) -> List[i
     """Run tests/_pipeline_rank.py on n ranks; returns their exit codes (killed past `timeout`)."""
     f = folder / "job.json"
     f.write_text(json.dumps(job))
-    procs = start_ranks(folder, lambda r: [sys.executable, str(REPO / "tests" / "_pipeline_rank.py"), str(f)], n)
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
-        stop(procs)
+    for attempt in range(3):  # new ports when one was taken between finding and binding it
+        procs = start_ranks(folder, lambda r: [sys.executable, str(REPO / "tests" / "_pipeline_rank.py"), str(f)], n)
+        try:
+            codes = [p.wait(timeout=timeout) for p in procs]
+        finally:
+            stop(procs)
+        if not (any(codes) and bind_failed(folder, n)):
+            return codes
+    return codes

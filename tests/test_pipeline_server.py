@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests._engine_helpers import MIXED
-from tests._pipeline import logs, start_ranks, stop
+from tests._pipeline import bind_failed, logs, start_ranks, stop
 from tests._webapp_helpers import free_port
 
 
@@ -28,11 +28,17 @@ def _serve(tmp_path, model, *extra, port=None):
     port = port or free_port()
     argv = [sys.executable, "-m", "webapp", "--distributed", "--model", str(model), "--port", str(port),
             "--no-warmup", *extra]
-    procs = start_ranks(tmp_path, lambda r: argv, env={"MTP_CHAT_CACHE_DIR": ""})
-    deadline = time.time() + 90
-    while "press Ctrl+C" not in (tmp_path / "rank0.log").read_text():
-        assert time.time() < deadline and all(p.poll() is None for p in procs), logs(tmp_path, 2)
-        time.sleep(0.2)
+    for attempt in range(3):  # new ring ports when one was taken between finding and binding it
+        procs = start_ranks(tmp_path, lambda r: argv, env={"MTP_CHAT_CACHE_DIR": ""})
+        deadline = time.time() + 90
+        while "press Ctrl+C" not in (tmp_path / "rank0.log").read_text():
+            if not all(p.poll() is None for p in procs) and bind_failed(tmp_path, 2) and attempt < 2:
+                stop(procs)
+                break
+            assert time.time() < deadline and all(p.poll() is None for p in procs), logs(tmp_path, 2)
+            time.sleep(0.2)
+        else:
+            break
     return procs, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
 
 
