@@ -35,7 +35,8 @@
 #   batch  scripts/bench/bench_batch.py on the 9B shape: 1, 2, 4 concurrent requests, AR and MTP depth 2,
 #          each reply against itself alone, aggregate tok/s
 #   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
-#   agent  scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
+#   agent  (agent_warm, agent_restart: one of its two runs, each within a call's time)
+#          scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
 #          of tool calls and results of 200-2,000 tokens through /v1/messages, warm and with a restart
 #          before every turn: tokens prefilled per turn against its new tokens, time to first token
 #   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
@@ -99,8 +100,10 @@ for stage in $STAGES; do
              --streams 0 --json "$OUT/batch_9b.json" 2>&1 | grep -v "regex pattern" | tail -n 30 ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
-    agent) run $PY scripts/bench/agent_session.py --model "$CKPT" --system-tokens 20000 \
-             --result-tokens 200 2000 800 1500 400 --json "$OUT/agent_9b.json" ;;
+    agent|agent_warm|agent_restart)
+           runs=$([ "$stage" = agent ] && echo "warm restart" || echo "${stage#agent_}")
+           run $PY scripts/bench/agent_session.py --model "$CKPT" --system-tokens 20000 \
+             --result-tokens 200 2000 800 1500 400 --runs $runs --json "$OUT/$stage""_9b.json" ;;
     moe|next)
       ck=$([ "$stage" = moe ] && echo "$CKPT_MOE" || echo "$CKPT_NEXT")
       shape=$([ "$stage" = moe ] && echo 35b-a3b || echo next-80b-a3b)
