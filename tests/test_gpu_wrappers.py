@@ -757,8 +757,8 @@ def test_the_heads_step_for_a_batch_is_each_sequences_step_alone(tiny_checkpoint
 def test_a_batchs_plain_steps_keep_its_states_stacked(tiny_checkpoint, monkeypatch):
     """A batch's plain step starts each Gated-DeltaNet layer from the stacked states the step
     before wrote back from (no concatenation) while the same caches come in the same order and
-    hold what was written; another order, a rolled-back cache or a verify's (captured) states
-    are concatenated again, and a step alone drops the note. Two steps batched give each
+    hold what was written (after a verify too, where nothing was rolled back); another order or
+    a rolled-back cache are concatenated again, and a step alone or a rollback drops the note. Two steps batched give each
     sequence its two steps alone."""
     from adapters.qwen3_5 import layers
 
@@ -787,8 +787,12 @@ def test_a_batchs_plain_steps_keep_its_states_stacked(tiny_checkpoint, monkeypat
     assert layers._stacked_states(p, cs, BF)[1] is not cs[0].stacked[1]
     ad.forward(mx.array([[7]]), batch[2])   # alone: the note goes (its arrays with it)
     assert batch[2][i].stacked is None and batch[0][i].stacked is not None
-    ad.forward_batch(mx.array([[1, 2], [3, 4], [5, 6]]), batch, capture=True)
-    assert all(c[i].stacked is None for c in batch)
+    _, _, captured = ad.forward_batch(mx.array([[1, 2], [3, 4], [5, 6]]), batch, capture=True)
+    cs = [c[i] for c in batch]
+    assert layers._stacked_states(p, cs, BF)[1] is cs[0].stacked[1]   # a verify that keeps every position
+    ad.rollback(batch[1], captured[1], keep=1)   # one sequence keeps 1 of 2 positions: its note goes
+    assert batch[1][i].stacked is None and batch[0][i].stacked is not None
+    assert layers._stacked_states(p, [c[i] for c in batch], BF)[1] is not cs[0].stacked[1]
 
 
 def test_every_kernels_name_changes_with_its_code(monkeypatch):

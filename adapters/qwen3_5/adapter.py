@@ -174,6 +174,7 @@ class HybridAdapter:
                 n_keep = conv_input.shape[1] - captured.width
                 c[0] = mx.contiguous(conv_input[:, keep : keep + n_keep])
                 c[1] = states[keep - 1]
+                c.stacked = None  # a batch's stacked rows are not this cache's any more (layers._stacked_states)
             else:
                 c.trim(drop)
         # The states not kept go now: a caller's reference to `captured` lives into the next

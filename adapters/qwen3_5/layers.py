@@ -294,8 +294,9 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                 c.advance(S)
                 if capture:
                     captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states[:-1]] + [c[1]])
-            # A verify's states are rolled back (or dropped) next: only a plain step's are kept stacked.
-            _keep_stacked(cs, None if capture else (conv_keep, states[-1]))
+            # A verify's too: where every sequence keeps all its positions (nothing rolled back), the
+            # next step starts from them; a rollback that drops positions drops the note.
+            _keep_stacked(cs, (conv_keep, states[-1]))
         else:
             if pos is None:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
