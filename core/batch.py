@@ -171,8 +171,7 @@ class Sequence:
         depth = drafts.shape[0]
         n = accepted_prefix(accepted.tolist())
         new = bonus if n == depth else corrections[n:n + 1]
-        # The tokens are read from the arrays the batch's sync computed, whole: reading a slice
-        # of one (corrections[n:n + 1], drafts[:n]) would evaluate it, one wait a read.
+        # Tokens read from the arrays the batch's sync computed, whole (as the lane reads them).
         tokens = drafts.tolist()[:n] + [int(bonus.item() if n == depth else corrections.tolist()[n])]
         self.adapter.rollback(self.cache, captured, keep=n + 1)
         self.adapter.end_cycle(self.draft, depth)

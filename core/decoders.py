@@ -150,15 +150,17 @@ class SpeculativeDecoder(Lane):
 
             # 4. Commit: keep the verified prefix; the drafter forgets its own drafts, which it
             #    relearns next cycle from the target's hidden states.
+            # Tokens read from the arrays the sync computed, whole: reading a slice of one
+            # (new, drafts[:n]) would evaluate it, a wait for the device each.
+            tokens = drafts.tolist()[:n] + [bonus.item() if n == depth else corrections.tolist()[n]]
+            pending = tokens[-1]
             ad.rollback(cache, captured, keep=n + 1)
             ad.end_cycle(draft, depth)
             feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
             stats.record_cycle(depth, n)
-            pending = new.item()
             if c is not None:
                 c.rollback(depth - n)
                 c.advance([pending])
-            tokens = drafts[:n].tolist() + [pending]
             produced += len(tokens)
             wf.mark("commit", feed_h, feed_t, *ad.state_arrays(cache, draft))
             wf.end()

@@ -55,12 +55,13 @@ PARTIALS_SEQUENCE
   const int c = blockIdx.x / NB, r0 = (blockIdx.x % NB) * RB, kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int k0 = c * CHUNK;
-  int cnt[RB];                            // each row's keys in this chunk (<= 0: none)
+  // Row r0 + r's keys in this chunk (row i of L sees the first S-L+i+1; <= 0: none).
+  auto keys_of = [&](int r) { return r0 + r < L ? min(CHUNK, (S - L + r0 + r + 1) - k0) : 0; };
+  int cnt[RB];
   int top = 0;
 #pragma unroll
   for (int r = 0; r < RB; ++r) {
-    const int i = r0 + r;
-    cnt[r] = i < L ? min(CHUNK, (S - L + i + 1) - k0) : 0;
+    cnt[r] = keys_of(r);
     top = max(top, cnt[r]);
   }
   const float scale = consts[0];
@@ -92,7 +93,7 @@ PARTIALS_SEQUENCE
   for (int u = warp; u < R; u += NW) {
     // A warp per query vector: the chunk's max, then its sum of exponentials (each lane's keys in
     // order, then a fixed butterfly): an order set by the row's key count alone.
-    const int r = u / G, n = r0 + r < L ? min(CHUNK, (S - L + r0 + r + 1) - k0) : 0;  // cnt[r]
+    const int r = u / G, n = keys_of(r);  // cnt[r], without indexing it at run time
     float m = -__int_as_float(0x7f800000);  // -inf
     for (int j = lane; j < n; j += 32) m = fmaxf(m, sp[u][j]);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));

@@ -90,7 +90,7 @@ class GpuKernels(MlxOps):
         # (no split, no activation launch) and adding the residual: two launches for the MLP.
         joined = self._joined((m.gate_proj, m.up_proj), x)
         down = m.down_proj
-        if joined is None or len(joined.ends) != 2 or joined.ends[1] != 2 * joined.ends[0] \
+        if joined is None or joined.ends[1] != 2 * joined.ends[0] \
                 or not cuda_qmm.module_fits(down, min(_rows_of(x), MAX_ROWS), joined.ends[0], x.dtype):
             return None
         gate_up = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)

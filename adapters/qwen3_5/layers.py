@@ -255,7 +255,7 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
 def _submit(run, h: mx.array, i: int, n: int) -> None:
     """Start the device on the layers built so far (a backend's `submit_every`): values are the
     same, the host's graph building overlaps the device's work instead of preceding it."""
-    every = getattr(run, "submit_every", 0)
+    every = run.submit_every
     if every and (i + 1) % every == 0 and i + 1 < n:
         mx.async_eval(h)
 
@@ -342,9 +342,9 @@ def _stacked_states(p: GdnParams, cs: list, dtype) -> Tuple[mx.array, mx.array]:
     return conv, state
 
 
-def _keep_stacked(cs: list, arrays: Optional[Tuple[mx.array, mx.array]]) -> None:
-    """Note on each cache the stacked arrays its rows were just written from (None: forget them).
-    While the cache holds those rows the note costs no memory (they are views of its arrays); a
-    forward of the sequence alone (run_trunk) or a captured one drops it."""
+def _keep_stacked(cs: list, arrays: Tuple[mx.array, mx.array]) -> None:
+    """Note on each cache the stacked arrays its rows were just written from. While the cache
+    holds those rows the note costs no memory (they are views of its arrays); a forward of the
+    sequence alone (run_trunk) or a rollback that drops positions (the adapter's) drops it."""
     for b, c in enumerate(cs):
-        c.stacked = None if arrays is None else (*arrays, b, c[0], c[1])
+        c.stacked = (*arrays, b, c[0], c[1])
