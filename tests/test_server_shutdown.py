@@ -45,6 +45,9 @@ def test_ctrl_c_when_idle_exits_0_with_one_line(tiny):
     app = App(tiny, "--lan")
     assert "OpenAI-compatible API: off" in "".join(app.lines)         # on the network without a key
     assert httpx.get(app.url + "/v1/models").status_code == 403
+    deadline = time.perf_counter() + 10   # the refusal's log line is read before the signal's mark
+    while not any("API 403 GET /v1/models" in line for line in app.lines) and time.perf_counter() < deadline:
+        time.sleep(0.05)
     t0 = app.signal(signal.SIGINT)
     assert app.wait() == 0 and time.perf_counter() - t0 < HANG
     assert app.after_signal() == ["mtp-chat: SIGINT: stopping 0 running decodes and shutting down"]
