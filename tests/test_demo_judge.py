@@ -118,3 +118,21 @@ def test_summary_counts_by_category():
     s = judge.summarise(rows)
     assert s["right"] == 2 and s["share_right"] == round(2 / 3, 4)
     assert s["by_category"]["capital"] == {"right": 1, "questions": 2, "share_right": 0.5}
+
+
+def test_side_by_side_pairs_the_same_questions_by_category_not_by_result():
+    import side_by_side
+
+    def report(right_ids, reply):
+        rows = [{"id": f"{c}-{i:02d}", "category": c, "question": f"q {c} {i} | pipe", "reply": reply,
+                 "right": f"{c}-{i:02d}" in right_ids, "why": "because"} for c in ("capital", "kind") for i in range(6)]
+        return {"rows": rows, "right": len(right_ids), "questions": len(rows)}
+
+    a = report({"capital-05"}, "old\nreply")
+    b = report({"capital-00", "kind-01"}, "")
+    pairs = side_by_side.pick(a["rows"], b["rows"], per_category=4)
+    assert [x["id"] for x, _ in pairs] == [f"{c}-{i:02d}" for c in ("capital", "kind") for i in range(4)]
+    assert all(x["id"] == y["id"] for x, y in pairs)
+    page = side_by_side.render(a, b, names=("v2", "v3"), per_category=4)
+    assert "v2 0/8, v3 2/8" in page and "v2 1/12, v3 2/12" in page
+    assert page.count("\n| q ") == 8 and "\\|" in page and "*(empty)*" in page and "old reply" in page
