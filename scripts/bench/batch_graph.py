@@ -69,7 +69,8 @@ SMALL = dict(num_layers=32, full_attention_interval=4, hidden_size=128, intermed
 
 
 # -- the kernels' stand-ins on a machine without CUDA ----------------------------------------------
-def _qmm(x, w, scales, biases, bits, group_size, residual=None, config=None):
+def _qmm(x, w, scales, biases, bits, group_size, residual=None, config=None, swiglu=False):
+    x = cuda_qmm.swiglu_rows(x) if swiglu else x  # the kernel's MLP input, here as ops
     y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
     return y if residual is None else residual + y
 
