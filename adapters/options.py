@@ -26,6 +26,7 @@ class LoadOptions:
     compiled: bool = True                 # the CPU-compiled backend for few-token forwards
     gpu_kernels: bool = True              # the adapter's own CUDA / Metal kernels
     gpu_fused: Optional[bool] = None      # the fused CUDA kernels; None: the backend's default
+    gpu_trials: frozenset = frozenset()   # kernel changes not yet measured to pay (settings.gpu_trials)
     drafter: Optional[str] = None         # a drafter kept in its own checkpoint (Gemma 4's assistant)
     image_max_pixels: Optional[int] = None  # bounds the vision tower's resize (None: the checkpoint's own)
     # A pipeline's rank (adapters/pipeline/): (bytes of each trunk layer, bytes of the head and output
@@ -42,6 +43,8 @@ class LoadOptions:
             settings = get_settings()
         base = cls(hidden_variant=settings.hidden_variant, compiled=settings.compiled,
                    gpu_kernels=settings.gpu_kernels,
-                   gpu_fused=getattr(settings, "gpu_fused", None), drafter=getattr(settings, "drafter", None),
+                   gpu_fused=getattr(settings, "gpu_fused", None),
+                   gpu_trials=frozenset(filter(None, getattr(settings, "gpu_trials", "").split(","))),
+                   drafter=getattr(settings, "drafter", None),
                    image_max_pixels=getattr(settings, "image_max_pixels", None))
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -16,6 +16,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
+# What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
+GPU_TRIALS = ("submit", "swiglu", "two-tiles")
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTP_CHAT_", env_file=".env", extra="ignore")
 
@@ -67,6 +70,11 @@ class Settings(BaseSettings):
     # The fused CUDA kernels (a Gated-DeltaNet layer's middle in one launch, the few-row attention):
     # None = the backend's default (adapters/qwen3_5/backends.py), True / False to force them.
     gpu_fused: Optional[bool] = None
+    # CUDA kernel changes written but not yet measured to pay on the GPU, off until they are: a comma
+    # list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
+    # the rest), "swiglu" (the MLP's activation read inside down_proj), "two-tiles" (9-16 rows in one
+    # matmul launch). Each keeps every row's bits (checked at load), so it only moves speed.
+    gpu_trials: str = ""
     # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
     # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps
@@ -109,6 +117,15 @@ class Settings(BaseSettings):
     @property
     def cors_list(self) -> tuple:
         return tuple(o.strip().rstrip("/") for o in self.cors_origins.split(",") if o.strip())
+
+    @field_validator("gpu_trials")
+    @classmethod
+    def _gpu_trials(cls, v):
+        names = [t.strip() for t in v.split(",") if t.strip()]
+        wrong = [t for t in names if t not in GPU_TRIALS]
+        if wrong:
+            raise ValueError(f"gpu_trials: {', '.join(map(repr, wrong))} unknown; a comma list of {', '.join(GPU_TRIALS)}")
+        return ",".join(names)
 
     @field_validator("auth")
     @classmethod

@@ -150,13 +150,14 @@ def test_cuda_runner_takes_the_kernel_where_it_applies_and_leaves_the_model_alon
     assert bool(mx.array_equal(run.lm_head(emb, True, x), emb.as_linear(x)))  # the tied output projection
     assert calls[-1] == (3, 64, False)
     calls.clear()
-    wide = mx.random.normal((2, 9, 256)).astype(BF)  # a batch wider than one launch: 16 rows at a time
-    assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
-    assert calls == [(16, 64, False), (2, 64, False)]
-    calls.clear()
-    monkeypatch.setitem(gk.TWO_TILES, "on", False)  # two tiles failed their load check: 8 at a time
+    wide = mx.random.normal((2, 9, 256)).astype(BF)  # a batch wider than one launch: 8 rows at a time
+    assert not gk.TWO_TILES["on"]   # two tiles a launch: a trial, off by default
     assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
     assert calls == [(8, 64, False), (8, 64, False), (2, 64, False)]
+    calls.clear()
+    monkeypatch.setitem(gk.TWO_TILES, "on", True)  # tried, and past its load check: 16 at a time
+    assert bool(mx.array_equal(run.linear(lin, wide), lin(wide)))
+    assert calls == [(16, 64, False), (2, 64, False)]
     calls.clear()
     lin32 = _quantized_linear(dtype=mx.float32)
     run.linear(lin32, x.astype(mx.float32))
@@ -180,8 +181,13 @@ def test_a_dense_mlp_is_two_launches_with_the_activation_read_inside_down_proj(m
     res = mx.random.normal((1, 3, 256)).astype(BF)
     stock = res + mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
     run = backends.GpuKernels("cuda")
+    plain = layers.mlp(run, layers.MlpParams(mlp), x, residual=res)  # the default: the activation as ops
+    assert calls == [(3, 256, False), (3, 256, True)]
+    calls.clear()
+    run.swiglu_mlp = True  # the "swiglu" trial
     y = layers.mlp(run, layers.MlpParams(mlp), x, residual=res)
     assert calls == [(3, 256, False), (3, 256, True, "swiglu")]
+    assert float(mx.abs(plain.astype(mx.float32) - stock.astype(mx.float32)).max()) < 0.05 * float(mx.abs(stock).max())
     gate_up = mx.concatenate([mlp.gate_proj(x), mlp.up_proj(x)], axis=-1)
     assert bool(mx.array_equal(y, res + mlp.down_proj(gk.swiglu_rows(gate_up))))
     assert float(mx.abs(y.astype(mx.float32) - stock.astype(mx.float32)).max()) < 0.05 * float(mx.abs(stock).max())
@@ -306,6 +312,36 @@ def test_the_fused_kernels_are_forced_by_the_setting_and_checked_as_chosen(monke
     from core.settings import Settings
     assert LoadOptions.from_settings(Settings(gpu_fused=True)).gpu_fused is True
     assert LoadOptions.from_settings(Settings()).gpu_fused is None
+
+
+def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
+    """Kernel changes not yet measured to pay (settings.gpu_trials): off unless named; each named
+    one reaches the runner (and says so in the load note); an unknown name is refused with the list."""
+    from adapters.options import LoadOptions
+    from core.settings import Settings
+
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
+    checked = []
+    monkeypatch.setattr(kernels, "check_two_tiles", lambda *a: (checked.append(1), gk.TWO_TILES.update(on=True, why=None)))
+    for k in ("on", "why", "checked", "checked_ok", "checked_why"):
+        monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES.get(k))
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, False, False) and checked == []
+    assert "8 rows a launch" not in b.note and "trials" not in b.note
+    trials = LoadOptions.from_settings(Settings(gpu_trials=" swiglu, two-tiles,submit")).gpu_trials
+    assert trials == {"submit", "swiglu", "two-tiles"}
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials)
+    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (8, True, True) and checked == [1]
+    assert "trials on: submit, swiglu, two-tiles" in b.note and "8 rows a launch" not in b.note
+    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
+    assert checked == [1]  # checked once a process
+    gk.TWO_TILES.update(checked_ok=False, checked_why="9-16 rows in one launch differ")
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
+    assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
+    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert not gk.TWO_TILES["on"]
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, two-tiles"):
+        Settings(gpu_trials="swiglu,tiles")
 
 
 def test_every_gpu_few_runner_attends_row_by_row(monkeypatch):
@@ -501,8 +537,8 @@ def test_the_cuda_runner_with_stand_in_kernels_keeps_greedy_mtp_equal_to_ar(tiny
         mtp, _ = SpeculativeDecoder(ad, sampler=greedy, depth=depth).generate(ids, max_tokens=20)
         assert mtp == ar, depth
     assert len(few._compiled) >= 4  # every layer's functions were traced
-    # The device handed each layer as soon as it is built (every layer here; 8 at a time by
-    # default): the same tokens, and the same logits bit for bit.
+    # The device handed each layer as soon as it is built (every layer here; 8 at a time with the
+    # "submit" trial): the same tokens, and the same logits bit for bit.
     early = backends.CompiledGpuKernels("cuda")
     early.submit_every, submitted = 1, []
     real_async_eval = mx.async_eval
@@ -632,12 +668,19 @@ def test_the_load_checks_of_the_fused_kernels_pass_their_references_and_catch_a_
     assert kernels.check_fused_gdn() is None
     assert kernels.check_attention() is None
 
-    def sequence_variant_attention(q, ks, vs, gate, scale):  # a batch that rounds once more
+    def sequence_variant_attention(q, ks, vs, gate, scale, rows_block=None):  # a batch that rounds once more
         y = cuda_attention.reference_batch(q, ks, vs, gate, scale)
-        return (y.astype(mx.float32) * 1.01).astype(y.dtype)
+        return y if len(ks) == 1 else (y.astype(mx.float32) * 1.01).astype(y.dtype)
 
     monkeypatch.setattr(cuda_attention, "gated_attention_batch", sequence_variant_attention)
     assert "changes with the sequences beside it" in kernels.check_attention()
+
+    def block_variant_attention(q, ks, vs, gate, scale, rows_block=None):  # all rows in a block round once more
+        y = cuda_attention.reference_batch(q, ks, vs, gate, scale)
+        return y if rows_block is None else (y.astype(mx.float32) * 1.01).astype(y.dtype)
+
+    monkeypatch.setattr(cuda_attention, "gated_attention_batch", block_variant_attention)
+    assert "change when one block takes them all" in kernels.check_attention()
     monkeypatch.setattr(cuda_attention, "gated_attention_batch", cuda_attention.reference_batch)
 
     def row_variant(q, k, v, gate, scale):  # a row that sees one key less when it travels alone
@@ -900,6 +943,8 @@ def test_attention_rows_share_a_partials_block_within_shared_memory():
             assert 4 * rb * G * (hd + CHUNK) <= 48 * 1024
     assert [rows_per_block(L, 4, 256) for L in range(1, 9)] == list(range(1, 9))  # the 9B shape: all rows
     assert rows_per_block(8, 8, 256) == 4
+    # Short contexts: a row a block (faster there on the H200; the same bits either way)
+    assert rows_per_block(4, 4, 256, keys=8192) == 1 and rows_per_block(4, 4, 256, keys=32768) == 4
 
 
 def test_two_tiles_of_rows_are_turned_off_alone_when_they_differ_from_one_tile(monkeypatch):

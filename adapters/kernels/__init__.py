@@ -109,6 +109,10 @@ def check_attention(seed: int = 0) -> Optional[str]:
         alone = cuda_attention.gated_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], gate[:, i:i + 1], hd**-0.5)
         if not bool(mx.array_equal(alone, y[:, i:i + 1])):
             return f"the attention kernel's row {i} changes with the rows beside it"
+    # Long contexts take all rows in one block (cuda_attention.ROWS_BLOCK_FROM): the same bits.
+    together = cuda_attention.gated_attention_batch(q, [k], [v], gate, hd**-0.5, rows_block=L)
+    if not bool(mx.array_equal(together, y)):
+        return "the attention kernel's rows change when one block takes them all"
     # A batch in one launch pair: a shorter sequence (one key chunk, its own keys) beside this
     # one, each as alone.
     short_k, short_v = buf[0][:, :, 100:190], buf[1][:, :, 100:190]
@@ -136,6 +140,22 @@ def check_two_tiles(x: mx.array, wq: mx.array, s: mx.array, b: mx.array) -> None
     except Exception as exc:  # noqa: BLE001  (the one-tile kernel passed: keep it)
         why = f"{type(exc).__name__}: {exc}"
     cuda_qmm.TWO_TILES.update(on=why is None, why=why)
+
+
+def two_tiles(wanted: bool, seed: int = 0) -> None:
+    """9-16 rows a launch when `wanted` and their check passes (once a process), else 8 at a time.
+    Off by default: one H200 run (docs/bench/2026-12-02/GPU.md, section 7) had MTP at 4 sequences
+    (12 rows) at 60 ms a cycle against 20 in two launches the run before."""
+    if not wanted:
+        cuda_qmm.TWO_TILES.update(on=False, why="two tiles a launch not measured to pay yet")
+        return
+    if cuda_qmm.TWO_TILES.get("checked"):
+        cuda_qmm.TWO_TILES.update(on=cuda_qmm.TWO_TILES["checked_ok"], why=cuda_qmm.TWO_TILES["checked_why"])
+        return
+    kw, kx = mx.random.split(mx.random.key(seed))
+    wq, s, b = mx.quantize(mx.random.normal((64, 256), key=kw).astype(mx.bfloat16), group_size=64, bits=4)
+    check_two_tiles(mx.random.normal((cuda_qmm.TILE_ROWS, 256), key=kx).astype(mx.bfloat16), wq, s, b)
+    cuda_qmm.TWO_TILES.update(checked=True, checked_ok=cuda_qmm.TWO_TILES["on"], checked_why=cuda_qmm.TWO_TILES["why"])
 
 
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,
@@ -171,7 +191,6 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             for m in (1, 3):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(gate_up[:m], wq, s, b, 4, 64, swiglu=True), y[:m])):
                     return f"the quantized matmul's SwiGLU rows change with the row count ({m} vs {cuda_qmm.TILE_ROWS})"
-            check_two_tiles(x, wq, s, b)
         q, k, v, g, beta, state = gdn.random_inputs(key, 3, *GDN_CHECK_SHAPE)
         y, states = gdn.gated_delta_steps(q, k, v, g, beta, state, backend=backend)
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)

@@ -220,10 +220,20 @@ def gated_attention(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale
     return gated_attention_batch(q, [k], [v], gate, scale)
 
 
-def rows_per_block(L: int, G: int, hd: int = 256) -> int:
-    """How many query rows a partials block takes: all L where their vectors and scores fit the
-    48 KiB of static shared memory (R vectors x (HD + CHUNK) floats), else as many as fit. A block
-    reads its chunk's keys and values once for its rows; a row's result does not depend on it."""
+# From this many keys a partials block takes all of a verify's rows; below it, a row a block. On
+# the H200 at the 9B shape, 4 rows (docs/bench/2026-12-02/GPU.md, section 7, one run, same bits):
+# a row a block 0.120 / 0.144 / 0.238 / 0.688 ms at 64 / 2k / 8k / 32k keys, all rows in a block
+# 0.153 / 0.229 / 0.283 / 0.527: reading the keys once pays only where there are many of them.
+ROWS_BLOCK_FROM = 16384
+
+
+def rows_per_block(L: int, G: int, hd: int = 256, keys: Optional[int] = None) -> int:
+    """How many query rows a partials block takes: past ROWS_BLOCK_FROM `keys` (or when not
+    given) all L where their vectors and scores fit the 48 KiB of static shared memory (R vectors
+    x (HD + CHUNK) floats), else as many as fit; below it one. A block reads its chunk's keys and
+    values once for its rows; a row's result does not depend on how many it takes."""
+    if keys is not None and keys < ROWS_BLOCK_FROM:
+        return 1
     return max(1, min(L, (48 * 1024) // (4 * G * (hd + CHUNK))))
 
 
@@ -241,7 +251,7 @@ def gated_attention_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale
     nkv = ks[0].shape[1]
     G = nh // nkv
     C = max(-(-k.shape[2] // CHUNK) for k in ks)
-    rb = rows_block or rows_per_block(L, G, hd)
+    rb = rows_block or rows_per_block(L, G, hd, max(k.shape[2] for k in ks))
     nt = threads or THREADS
     nb = -(-L // rb)
     pm, pl, po = _partials(B)(
@@ -271,6 +281,8 @@ def reference(q: mx.array, k: mx.array, v: mx.array, gate: mx.array, scale: floa
     return o * mx.sigmoid(gate.reshape(1, L, nh * hd))
 
 
-def reference_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float) -> mx.array:
-    """gated_attention_batch as each sequence's reference alone (the CPU tests' stand-in)."""
+def reference_batch(q: mx.array, ks: list, vs: list, gate: mx.array, scale: float,
+                    rows_block: Optional[int] = None, threads: Optional[int] = None) -> mx.array:
+    """gated_attention_batch as each sequence's reference alone (the CPU tests' stand-in; the
+    launch's shape does not change a row's result, so it is not needed here)."""
     return mx.concatenate([reference(q[b:b + 1], k, v, gate[b:b + 1], scale) for b, (k, v) in enumerate(zip(ks, vs))])

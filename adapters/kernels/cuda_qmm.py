@@ -24,7 +24,8 @@ from .naming import versioned
 
 TILE_ROWS = 8  # one mma tile of token columns
 MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) read the weights once too
-TWO_TILES = {"on": True, "why": None}  # the load check turns 9-16 rows a launch off if they fail it
+# 9-16 rows in one launch: a trial (settings.gpu_trials "two-tiles"), then its load check decides.
+TWO_TILES = {"on": False, "why": "two tiles a launch not measured to pay yet"}
 
 
 def rows_per_launch() -> int:

@@ -106,9 +106,11 @@ def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str
 
 
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
-           fused: Optional[bool] = None, device=None, cuda: Optional[bool] = None, log=None) -> Backend:
+           fused: Optional[bool] = None, device=None, cuda: Optional[bool] = None, log=None,
+           trials: frozenset = frozenset()) -> Backend:
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
-    forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION)."""
+    forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
+    on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, two-tiles)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     on_cpu = device == mx.cpu
@@ -127,10 +129,16 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         on = on if kb == "cuda" else (False, False)
         why, said = _checked(kb, on)
         if why is None:
-            if kb == "cuda" and not kernels.cuda_qmm.TWO_TILES["on"]:
-                said += f"; batches' matmuls go 8 rows a launch ({kernels.cuda_qmm.TWO_TILES['why']})"
+            if kb == "cuda":
+                kernels.two_tiles("two-tiles" in trials)
+                if "two-tiles" in trials and not kernels.cuda_qmm.TWO_TILES["on"]:
+                    said += f"; batches' matmuls go 8 rows a launch ({kernels.cuda_qmm.TWO_TILES['why']})"
             runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
+            few.submit_every = 8 if "submit" in trials else 0
+            few.swiglu_mlp = "swiglu" in trials and kb == "cuda"
+            if trials:
+                said += f"; trials on: {', '.join(sorted(trials))}"
             long = GpuPrefill() if kb == "cuda" else MlxOps()
             return Backend(f"{kb}-kernels", few, long, note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")

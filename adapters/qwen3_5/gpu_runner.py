@@ -65,10 +65,12 @@ class GpuKernels(MlxOps):
         self._lock = threading.Lock()
 
     compiled_layers = False
-    # A forward's first layers go to the GPU while the host builds the rest: after the cycle's
-    # one sync the verify otherwise waits for its whole graph (1.2-1.8 ms at the 9B shape) with
-    # the GPU idle. Evaluating sooner changes no value. gpu_profile.py's "submit-off" compares.
-    submit_every = 8
+    # Trials (settings.gpu_trials), off until measured to pay on the GPU; neither changes a value.
+    # "submit": a forward's first layers go to the GPU every 8 layers while the host builds the
+    # rest (after the cycle's one sync the verify otherwise waits for its whole graph, 1.2-1.8 ms
+    # at the 9B shape, with the GPU idle). "swiglu": dense_mlp below.
+    submit_every = 0
+    swiglu_mlp = False
 
     def linear(self, m, x):
         return self._rows(m, x, m)
@@ -88,6 +90,8 @@ class GpuKernels(MlxOps):
     def dense_mlp(self, m, x, residual):
         # gate|up as one product, then down_proj reading silu(gate) * up as it loads its input
         # (no split, no activation launch) and adding the residual: two launches for the MLP.
+        if not self.swiglu_mlp:
+            return None
         joined = self._joined((m.gate_proj, m.up_proj), x)
         down = m.down_proj
         if joined is None or joined.ends[1] != 2 * joined.ends[0] \

@@ -230,7 +230,7 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
     ropes = [l.self_attn.rope for l in inner.layers if not l.is_linear and not isinstance(l, Elsewhere)]
     ropes.append(head.layers[0].self_attn.rope)
     backend = backends.choose(compute_dtype, ropes, compiled=options.compiled, gpu_kernels=options.gpu_kernels,
-                              fused=options.gpu_fused, log=options.log)
+                              fused=options.gpu_fused, trials=options.gpu_trials, log=options.log)
     notes = []
     if family.experts is not None and qparams is not None:
         notes.append(

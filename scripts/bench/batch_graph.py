@@ -83,7 +83,7 @@ def _middle(proj, offsets, conv_state, conv_w, neg_a, dt_bias, norm_w, cst, stat
     return proj[..., offsets[0]:offsets[0] + Hv * Dv], conv_input, [state + 0] * T
 
 
-def _attention_batch(q, ks, vs, gate, scale):
+def _attention_batch(q, ks, vs, gate, scale, rows_block=None, threads=None):
     # Reads every sequence's keys and values, as the launch does; the values are not attention's.
     B, nh, L, hd = q.shape
     kv = mx.concatenate([*ks, *vs], axis=2).mean()

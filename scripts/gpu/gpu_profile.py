@@ -19,8 +19,9 @@ stay the same:
     mlx-qmv   MLX's quantized matmul at most 4 rows a call instead of the row kernel (the
               default of 2026-12-01)
     no-gdn    MLX's recurrence ops instead of the recurrence kernel
-    submit-off  the default without handing the GPU a forward's first layers while the rest is
-              built (GpuKernels.submit_every = 0)
+    submit    the default handing the GPU a forward's first layers every 8 while the rest is
+              built (the "submit" trial of settings.gpu_trials)
+    swiglu    the default with the MLP's activation read inside down_proj (the "swiglu" trial)
     batched-attn  eager, with MLX's attention over a verify's queries at once instead of row by
               row (not row-invariant: a probe of what the exact attention costs)
     mlx       MLX's own ops (what the backend falls back to; row-invariant attention kept)
@@ -98,9 +99,11 @@ def variants(loaded, ad):
     batched_attn = backends.GpuKernels(kind)
     batched_attn.row_invariant = False  # MLX's attention over all queries at once (not exact)
     on = dict(fused_gdn=getattr(loaded, "fused_gdn", False), fused_attention=getattr(loaded, "fused_attention", False))
-    submit_off = type(loaded)(kind, **on) if isinstance(loaded, backends.GpuKernels) else backends.GpuKernels(kind)
-    submit_off.submit_every = 0  # the whole forward built before the GPU starts on it
-    return {"default": loaded, "submit-off": submit_off, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
+    same = (lambda: type(loaded)(kind, **on)) if isinstance(loaded, backends.GpuKernels) else (lambda: backends.GpuKernels(kind))
+    submit, swiglu = same(), same()
+    submit.submit_every = 8    # layers handed to the GPU as they are built
+    swiglu.swiglu_mlp = True   # gate|up, then down_proj reading silu(gate) * up
+    return {"default": loaded, "submit": submit, "swiglu": swiglu, "eager": backends.GpuKernels(kind), "mlx-qmv": backends.GpuKernels(kind, row_kernel=False),
             "no-gdn": no_gdn, "batched-attn": batched_attn, "fused-gdn": backends.CompiledGpuKernels(kind, fused_gdn=True),
             "all-kernels": backends.CompiledGpuKernels(kind, fused_gdn=True, fused_attention=True),
             "mlx": backends.MlxOps(row_invariant=True),
