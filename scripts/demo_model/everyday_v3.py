@@ -279,6 +279,21 @@ def _name(rng, verbs, nouns):
     return rng.choice([f"{v}_{n}", f"{n}_{v}" if v != "get" else f"{v}_{n}", n, f"{v}{n.capitalize()}"])
 
 
+# Names made of made-up syllables: no fixed pool to learn, so the only way to name the offered
+# tool is to copy it from the list. V3 (trained on the verbs x nouns pool alone) named a pool name
+# for 50 of 50 held-out dictionaries (eval_v3.EVAL_NAMES): it had learned the pool, not copying.
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+NAME_PARTS = ["api", "tool", "service", "finder", "lookup", "helper", "oracle", "book", "info", "box", "hub", "desk"]
+COPY_FRAC = 0.6
+
+
+def copy_name(rng):
+    """A tool name that only copying gets right: a made-up stem, often with a common part."""
+    stem = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice([2, 2, 3])))
+    part = rng.choice(NAME_PARTS)
+    return rng.choice([f"{stem}_{part}", f"{part}_{stem}", stem, f"{stem}{part.capitalize()}"])
+
+
 def make_tool(rng, kind):
     if kind == "dict":
         name = _name(rng, DICT_VERBS, DICT_NOUNS)
@@ -290,6 +305,8 @@ def make_tool(rng, kind):
     else:
         name = _name(rng, CAP_VERBS, CAP_NOUNS)
         desc = rng.choice(["Get the capital city of a country.", "Return the capital of a country."])
+    if rng.random() < COPY_FRAC:
+        name = copy_name(rng)
     arg = rng.choice(ARGS[kind])
     return tool_schema(name, desc, {arg: {"dict": "the word", "calc": "the expression", "cap": "the country"}[kind]}), arg
 

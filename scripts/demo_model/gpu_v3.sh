@@ -43,6 +43,11 @@ train)
   STOP_AT=$(( START + ${TRAIN_BUDGET:-470} ))         # training stops by then, whatever the compile took
   CONFIG=${CONFIG:-$S/configs/v3.json}
   [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
+  RESUME=""   # v3b: training resumed from a packed run carried as init.q8.safetensors (prepare_v3.py --init)
+  if [ -f $G/init.q8.safetensors ]; then
+    python3 $S/shards_q8.py unpack $G/init.q8.safetensors $W/init/V3 && RESUME="--resume $W/init/V3"
+    log "resuming from $(sha256sum $G/init.q8.safetensors | cut -c1-16)"
+  fi
   log "data: $(python3 -c "import json; print(json.load(open('$W/data/data_info.json')))")"
   # v2's losses and acceptance term (build.py's COMMON), one phase: lr 2e-3 with a short
   # warm-up, the acceptance term from 40 % of the schedule ramped over 30 % to 0.4 (v2's E1 shape,
@@ -52,7 +57,7 @@ train)
     --text-config $CONFIG --seconds "$SECS" --stop-at $STOP_AT \
     --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
     --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --lr ${LR:-2e-3} --warmup 60 \
-    --accept-w 0.4 --accept-start 0.4 --accept-ramp 0.3 --seed 35 ${EXTRA:-} > $W/V3.stdout 2>&1
+    --accept-w 0.4 --accept-start 0.4 --accept-ramp 0.3 --seed 35 $RESUME ${EXTRA:-} > $W/V3.stdout 2>&1
   log "train exit $? after $(( $(date +%s) - START )) s"
   grep -E "fla|step|done|Error|error" $W/V3.stdout | tail -12
   python3 $S/shards_q8.py pack $W/runs/V3 $W/V3.q8.safetensors

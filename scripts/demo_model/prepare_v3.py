@@ -3,14 +3,16 @@ carried folder that gpu_v3.sh reads.
 
     python scripts/demo_model/prepare_v3.py                       # all three steps
     python scripts/demo_model/prepare_v3.py --steps carry         # only re-pack the carried folder
+    python scripts/demo_model/prepare_v3.py --init artifacts/demo/v3/V3.q8.safetensors   # v3b: resume from V3
 
   corpus   conversations_v3.build -> artifacts/demo/v3/corpus (seed 35; ~2 min on 2 cores)
   data     the corpus tokenised with models/demo's tokenizer (v2's 8,192 ids, its chat template: the
            export then ships the same tokenizer files, and v2 and v3 compare token for token) ->
            artifacts/demo/v3/data (tokenizer.encode_corpus: tokens, mask, doc starts, eval prompts)
   carry    artifacts/demo/v3/carry/ (git-ignored; the device run names it in `carry`): scripts/ (this folder's *.py and
-           configs/, gpu_v3.sh), data.tar.xz, tokenizer/; prints the sizes (a call carries at most
-           64 MiB with the repository)
+           configs/, gpu_v3.sh), data.tar.xz, tokenizer/, and with --init the weights to resume from
+           (init.q8.safetensors: a run's shards packed int8 per row, as a call brings them back);
+           prints the sizes (a call carries at most 64 MiB with the repository)
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ def main():
     ap.add_argument("--steps", nargs="+", default=["corpus", "data", "carry"], choices=["corpus", "data", "carry"])
     ap.add_argument("--work", default=str(WORK))
     ap.add_argument("--carry", default=str(CARRY))
+    ap.add_argument("--init", default=None, help="a packed run (shards_q8.py pack) to resume training from")
     a = ap.parse_args()
     work, carry = Path(a.work), Path(a.carry)
     tok_dir = work / "tokenizer"
@@ -88,6 +91,8 @@ def main():
         for f in (HERE / "configs").glob("*.json"):
             shutil.copy(f, carry / "scripts" / "configs" / f.name)
         shutil.copytree(tok_dir, carry / "tokenizer")
+        if a.init:
+            shutil.copy(a.init, carry / "init.q8.safetensors")
         subprocess.run(["tar", "cJf", str(carry / "data.tar.xz"), "-C", str(work / "data"), "."], check=True,
                        env={"XZ_OPT": "-6 -T2", "PATH": "/usr/bin:/bin"})
         sizes = {p.name: size_mib(p) for p in sorted(carry.iterdir())}

@@ -36,7 +36,7 @@ def verdict(row) -> str:
     return ("right" if row["right"] else "wrong") + f" ({cell(row['why'], 80)})"
 
 
-def render(a: dict, b: dict, names=("A", "B"), per_category: int = 4) -> str:
+def render(a: dict, b: dict, names=("A", "B"), per_category: int = 4, note: str = "") -> str:
     pairs = pick(a["rows"], b["rows"], per_category)
     right = [sum(x["right"] for x, _ in pairs), sum(y["right"] for _, y in pairs)]
     lines = [f"# {names[0]} and {names[1]} of the demo model on held-out everyday questions", "",
@@ -46,7 +46,7 @@ def render(a: dict, b: dict, names=("A", "B"), per_category: int = 4) -> str:
              f"Right here: {names[0]} {right[0]}/{len(pairs)}, {names[1]} {right[1]}/{len(pairs)}; "
              f"on all {a['questions']} held-out questions: {names[0]} {a['right']}/{a['questions']}, "
              f"{names[1]} {b['right']}/{b['questions']}.", "",
-             f"Reports: `{a.get('source', '')}`, `{b.get('source', '')}`.", "",
+             f"Reports: `{a.get('source', '')}`, `{b.get('source', '')}`.", "", *([note, ""] if note else []),
              f"| question | {names[0]} | {names[1]} |", "|---|---|---|"]
     for x, y in pairs:
         lines.append(f"| {cell(x['question'], 120)} | {cell(x['reply'])}<br>**{verdict(x)}** "
@@ -60,6 +60,7 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--names", nargs=2, default=["v2", "v3"])
     ap.add_argument("--per-category", type=int, default=4)
+    ap.add_argument("--note", default="", help="a paragraph under the header (which models these are)")
     ap.add_argument("--out", required=True)
     o = ap.parse_args()
     reports = []
@@ -67,7 +68,7 @@ def main():
         r = json.loads(Path(p).read_text())
         r["source"] = p
         reports.append(r)
-    Path(o.out).write_text(render(*reports, names=o.names, per_category=o.per_category))
+    Path(o.out).write_text(render(*reports, names=o.names, per_category=o.per_category, note=o.note))
     print(f"wrote {o.out}")
 
 
