@@ -39,6 +39,10 @@
 #          scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
 #          of tool calls and results of 200-2,000 tokens through /v1/messages, warm and with a restart
 #          before every turn: tokens prefilled per turn against its new tokens, time to first token
+#   trials  the kernel changes that are off until measured (settings.gpu_trials), each paired with the
+#          default in one run: gpu_profile.py --only default submit swiglu (a step, AR / MTP / mlx_lm),
+#          then bench_batch.py (1, 2, 4 requests) with the defaults and with MTP_CHAT_GPU_TRIALS=two-tiles
+#          -> OUT_DIR/profile_trials.json, batch_9b.json, batch_9b_two_tiles.json
 #   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
 #          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
@@ -59,7 +63,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -98,6 +102,12 @@ for stage in $STAGES; do
             --context 64 --context 8192 --context 32768 --context 131072 2>&1 | grep -v "regex pattern" ;;
     batch) run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --long-prompt 0 \
              --streams 0 --json "$OUT/batch_9b.json" 2>&1 | grep -v "regex pattern" | tail -n 30 ;;
+    trials) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default submit swiglu --repeats 2 \
+              --json "$OUT/profile_trials.json" 2>&1 | grep -v "regex pattern"
+            for t in "" two-tiles; do
+              MTP_CHAT_GPU_TRIALS=$t run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 \
+                --long-prompt 0 --streams 0 --json "$OUT/batch_9b${t:+_two_tiles}.json" 2>&1 | grep -v "regex pattern" | tail -n 8
+            done ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
     agent|agent_warm|agent_restart)
