@@ -30,3 +30,6 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 LD_LIBRARY_PATH=$(python3 -c "import glob, os, nvidia; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'lib')))))"):${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())" 2>&1 | tail -n 1
+# The engine's settings import pydantic, which only the web stack's folder (.whl/web1) brings: say so
+# before a stage fails at import (2026-12-02: a whole run's stages did).
+python3 -c "import pydantic_settings" 2>/dev/null || echo "gpu_env: pydantic-settings missing: carry .whl/web1 (the engine needs it for every stage)"
