@@ -7,6 +7,8 @@
 #   exact  scripts/gpu/gpu_exact.py on the 9B shape: greedy MTP == AR over 512 tokens at depths 1-3 on 4
 #          prompts, through the prefix cache, a sampled chi-square, the verify's cost with the
 #          row-invariant attention on and off at 64 / 2k / 8k / 32k tokens of context
+#   parity32k  greedy MTP == AR over 256 tokens after filler to 32k tokens of context, depths 1-3, 4 prompts
+#          (issue 36) -> OUT_DIR/exact_32k.json
 #   exact_demo  the same on the bundled demo model (trained weights: drafts are accepted)
 #   qmv    scripts/gpu/gpu_qmv.py: the row kernel against MLX's qmv per 9B shape (fused ones too), 1-8 rows:
 #          checks (bf16/fp16, 4/8-bit, groups 32/64/128, rows bit-identical) and time per call in a graph
@@ -63,7 +65,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* || "$STAGES" == *parity32k* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -72,6 +74,8 @@ for stage in $STAGES; do
   case $stage in
     exact) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" --parity-context 8192 \
              --context 64 --context 2048 --context 8192 --context 32768 ;;
+    parity32k) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_32k.json" --tokens 256 \
+                 --parity-context 32768 --skip parity prefix sampled costs 2>&1 | grep -v "regex pattern" ;;
     exact_demo) run $PY scripts/gpu/gpu_exact.py --model models/demo --json "$OUT/exact_demo.json" --context 64 --context 2048 ;;
     check) run $PY scripts/gpu/gpu_check.py --model "$CKPT" --json "$OUT/check.json" ${CHECK_ARGS:-} ;;
     qmv) run $PY scripts/gpu/gpu_qmv.py --sweep --json "$OUT/qmv.json" ;;
