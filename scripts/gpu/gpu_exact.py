@@ -144,18 +144,18 @@ def synced_seconds(fn, n: int = 20) -> float:
 
 
 def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
-    """Median seconds of a synchronised forward_and_commit of each width over `tokens`, the
-    first two runs of each left out."""
-    secs = {}
-    for w in widths:
-        runs = []
-        for _ in range(repeats):
+    """Median seconds of a synchronised forward_and_commit of each width over `tokens`. The widths
+    take turns, round by round (a drift of the machine's speed then touches every width alike:
+    measured one width after another, a verify of 3 once came out dearer than one of 4), and the
+    first two rounds are left out."""
+    runs = {w: [] for w in widths}
+    for _ in range(repeats):
+        for w in widths:
             mx.synchronize()
             t0 = time.perf_counter()
             mx.eval(*forward_and_commit(ad, cache, tokens, w))
-            runs.append(time.perf_counter() - t0)
-        secs[w] = statistics.median(runs[2:])
-    return secs
+            runs[w].append(time.perf_counter() - t0)
+    return {w: statistics.median(r[2:]) for w, r in runs.items()}
 
 
 def verify_costs(ad, context: int, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
