@@ -152,3 +152,31 @@ def test_the_tool_evaluation_offers_names_training_never_uses():
     copied = [n for n in drawn if n not in made]
     assert len(set(copied)) > 0.9 * len(copied) and not set(eval_v3.EVAL_NAMES) & set(copied)
     assert all(V3.copy_name(random.Random(s)) not in eval_v3.EVAL_NAMES for s in range(20000))
+
+
+def test_training_ids_are_the_ids_the_app_makes(tmp_path):
+    """The corpus is encoded with the raw `tokenizers` file (tokenizer.encode_corpus); the app
+    tokenizes through transformers, which gives a qwen3_5 checkpoint Qwen's pre-tokenizer whatever
+    the file says. After as_the_app_tokenizes the file and the app agree id for id, on the
+    whitespace runs where the demo's original file (a ByteLevel regex) did not."""
+    import shutil
+
+    import tokenizer as T
+    import transformers
+    from tokenizers import Tokenizer
+
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(REPO / "models" / "demo", tok_dir, ignore=shutil.ignore_patterns("*.safetensors", "optiq"))
+    texts = ["<|im_start|>assistant\n<think>\n\n</think>\n\nA rest is a pause.<|im_end|>",
+             "Hello\n\nWorld  two   spaces\t tab\r\n\r\nend \n", 'x = {"word": "café", "n": 12345}\n\n  indented',
+             "naïve résumé — it's 3.14 ok?!\n\n\n", "</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>"]
+    before = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    app = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    assert any(before.encode(t, add_special_tokens=False).ids != app.encode(t, add_special_tokens=False)
+               for t in texts)   # the mismatch v2 and v3 were trained with
+    T.as_the_app_tokenizes(tok_dir)
+    after = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    for t in texts:
+        assert after.encode(t, add_special_tokens=False).ids == app.encode(t, add_special_tokens=False), t
+    assert after.get_vocab() == before.get_vocab()
+    assert transformers.AutoTokenizer.from_pretrained(str(tok_dir)).encode(texts[0]) == app.encode(texts[0])

@@ -81,6 +81,7 @@ def main():
         tok_dir.mkdir(parents=True, exist_ok=True)
         for fn in TOKENIZER_FILES:
             shutil.copy(REPO / "models" / "demo" / fn, tok_dir / fn)
+        tokenizer.as_the_app_tokenizes(tok_dir)   # v2's ids, encoded as the app encodes them
         tokenizer.encode_corpus(work / "corpus", tok_dir, work / "data")
     if "carry" in a.steps:
         if carry.exists():

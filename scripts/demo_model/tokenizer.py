@@ -33,6 +33,36 @@ EOS_ID = 2
 # told not to, as with Qwythos.
 CHAT_TEMPLATE = QWEN35_TEMPLATE
 
+# Qwen3.5's pre-tokenizer. transformers (5.x) loads a qwen3_5 checkpoint's tokenizer with this
+# split whatever its tokenizer.json says, so the app tokenizes "</think>\n\nA" as
+# ['</think>', '\n\n', 'A'] where the ByteLevel regex of the file the demo was built with gives
+# ['</think>', '\n', '\n', 'A']. v2 and v3 were trained on the file's ids: every prompt ends in
+# '\n\n', which they had seen only before <tool_call>, and v3 answers with a stray '\n' first
+# (P = 0.996 after "What is a rest?"), which a JSON grammar then forbids. Data must be encoded as
+# the app encodes (qwen_pre_tokenizer; tests/test_demo_v3_data.py holds it to transformers).
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+              r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen_pre_tokenizer(tok) -> None:
+    """Give a `tokenizers.Tokenizer` the pre-tokenizer the app loads it with (QWEN_SPLIT)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+
+
+def as_the_app_tokenizes(tok_dir) -> None:
+    """Rewrite tok_dir/tokenizer.json with the app's pre-tokenizer (same vocabulary and merges),
+    so training data, the exported checkpoint's file and the app agree on every id."""
+    from tokenizers import Tokenizer
+
+    path = Path(tok_dir) / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    qwen_pre_tokenizer(tok)
+    tok.save(str(path))
+
 
 def train_tokenizer(corpus_dir, out_dir, vocab_size=8192):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
