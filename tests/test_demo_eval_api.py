@@ -1,4 +1,4 @@
-"""scripts/demo_model/eval_api.py end to end on the bundled demo: the real server started and
+"""scripts/bench/eval_api.py end to end on the bundled demo: the real server started and
 killed by the script, the official openai client's json_schema and LangChain's json_mode."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("langchain_openai")
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts" / "demo_model"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 import eval_api  # noqa: E402
 

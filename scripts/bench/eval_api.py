@@ -11,7 +11,7 @@ scripts/bench/agent_session.py starts it, killed with this script) and asks, at 
                asked = the dict is {"word": <the word asked>, ...} (json_mode sends no schema, so a
                closed object of anything passes the first count)
 
-    python scripts/demo_model/eval_api.py models/demo --json docs/bench/<date>/demo-v2-eval-api.json
+    python scripts/bench/eval_api.py models/demo --json docs/bench/<date>/demo-v2-eval-api.json
 """
 from __future__ import annotations
 
