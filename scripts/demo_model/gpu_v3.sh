@@ -53,17 +53,32 @@ train)
   # warm-up, the acceptance term from 40 % of the schedule ramped over 30 % to 0.4 (v2's E1 shape,
   # which kept the model following the question; 1.5 collapsed it), batch 16 windows of 4,096
   # (v2's F1 batch: twice E1's throughput on the reference kernels, which are launch-bound)
+  # EXTRA2 (optional): a second phase resumed from the first, with these arguments, over the last
+  # SECS2 seconds (v3b: 1,024-token windows first for more optimizer steps, then 4,096 so the long
+  # windows stay trained). The first phase then gets the budget before it.
+  P1_STOP=$STOP_AT; P1_SECS=$SECS
+  [ -n "${EXTRA2:-}" ] && { P1_STOP=$(( STOP_AT - ${SECS2:-120} )); P1_SECS=$(( SECS - ${SECS2:-120} )); }
   timeout ${RUN_LIMIT:-540} python3 $S/train_torch.py --data $W/data --out $W/runs --name V3 \
-    --text-config $CONFIG --seconds "$SECS" --stop-at $STOP_AT \
+    --text-config $CONFIG --seconds "$P1_SECS" --stop-at $P1_STOP \
     --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
     --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --lr ${LR:-2e-3} --warmup 60 \
     --accept-w 0.4 --accept-start 0.4 --accept-ramp 0.3 --seed 35 $RESUME ${EXTRA:-} > $W/V3.stdout 2>&1
   log "train exit $? after $(( $(date +%s) - START )) s"
+  FINAL=$W/runs/V3
+  if [ -n "${EXTRA2:-}" ]; then
+    timeout $(( STOP_AT - $(date +%s) + 60 )) python3 $S/train_torch.py --data $W/data --out $W/runs2 --name V3 \
+      --text-config $CONFIG --seconds "${SECS2:-120}" --stop-at $STOP_AT --resume $W/runs/V3 \
+      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
+      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --lr ${LR2:-${LR:-2e-3}} --warmup 20 \
+      --accept-w 0.4 --accept-start 0.0 --accept-ramp 0.0 --seed 36 $EXTRA2 >> $W/V3.stdout 2>&1
+    log "phase 2 exit $? after $(( $(date +%s) - START )) s"
+    FINAL=$W/runs2/V3
+  fi
   grep -E "fla|step|done|Error|error" $W/V3.stdout | tail -12
-  python3 $S/shards_q8.py pack $W/runs/V3 $W/V3.q8.safetensors
+  python3 $S/shards_q8.py pack $FINAL $W/V3.q8.safetensors
   split -b 15M -d -a 2 $W/V3.q8.safetensors $OUTDIR/V3.q8.part-
   sha256sum $W/V3.q8.safetensors | tee $OUTDIR/V3.q8.sha256
-  cp $W/runs/V3.json $OUTDIR/ 2>/dev/null
+  cp $FINAL.json $OUTDIR/ 2>/dev/null
   tar czf $OUTDIR/runs.tgz -C $W V3.stdout
   ls -la $OUTDIR
   ;;
