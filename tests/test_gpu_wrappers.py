@@ -323,8 +323,11 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
     checked = []
     monkeypatch.setattr(kernels, "check_two_tiles", lambda *a: (checked.append(1), gk.TWO_TILES.update(on=True, why=None)))
-    for k in ("on", "why", "checked", "checked_ok", "checked_why"):
-        monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES.get(k))
+    for k in ("on", "why"):
+        monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES[k])
+    from functools import lru_cache
+    # a cache of its own for this test (the fake check's verdict must not outlive it)
+    monkeypatch.setattr(kernels, "_two_tiles_verdict", lru_cache(maxsize=None)(kernels._two_tiles_verdict.__wrapped__))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, False, False) and checked == []
     assert "8 rows a launch" not in b.note and "trials" not in b.note
@@ -335,7 +338,7 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     assert "trials on: submit, swiglu, two-tiles" in b.note and "8 rows a launch" not in b.note
     backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
     assert checked == [1]  # checked once a process
-    gk.TWO_TILES.update(checked_ok=False, checked_why="9-16 rows in one launch differ")
+    monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
     backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)

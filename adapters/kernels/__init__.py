@@ -14,7 +14,8 @@ own path, saying so.
 """
 from __future__ import annotations
 
-from typing import Optional
+from functools import lru_cache
+from typing import Optional, Tuple
 
 import mlx.core as mx
 
@@ -142,20 +143,21 @@ def check_two_tiles(x: mx.array, wq: mx.array, s: mx.array, b: mx.array) -> None
     cuda_qmm.TWO_TILES.update(on=why is None, why=why)
 
 
-def two_tiles(wanted: bool, seed: int = 0) -> None:
-    """9-16 rows a launch when `wanted` and their check passes (once a process), else 8 at a time.
-    Off by default: one H200 run (docs/bench/2026-12-02/GPU.md, section 7) had MTP at 4 sequences
-    (12 rows) at 60 ms a cycle against 20 in two launches the run before."""
-    if not wanted:
-        cuda_qmm.TWO_TILES.update(on=False, why="two tiles a launch not measured to pay yet")
-        return
-    if cuda_qmm.TWO_TILES.get("checked"):
-        cuda_qmm.TWO_TILES.update(on=cuda_qmm.TWO_TILES["checked_ok"], why=cuda_qmm.TWO_TILES["checked_why"])
-        return
+@lru_cache(maxsize=None)
+def _two_tiles_verdict(seed: int = 0) -> Tuple[bool, Optional[str]]:
+    """check_two_tiles once a process, on small random weights: (on, why)."""
     kw, kx = mx.random.split(mx.random.key(seed))
     wq, s, b = mx.quantize(mx.random.normal((64, 256), key=kw).astype(mx.bfloat16), group_size=64, bits=4)
     check_two_tiles(mx.random.normal((cuda_qmm.TILE_ROWS, 256), key=kx).astype(mx.bfloat16), wq, s, b)
-    cuda_qmm.TWO_TILES.update(checked=True, checked_ok=cuda_qmm.TWO_TILES["on"], checked_why=cuda_qmm.TWO_TILES["why"])
+    return cuda_qmm.TWO_TILES["on"], cuda_qmm.TWO_TILES["why"]
+
+
+def two_tiles(wanted: bool) -> None:
+    """9-16 rows a launch when `wanted` and their check passes, else 8 at a time. Off by default:
+    one H200 run (docs/bench/2026-12-02/GPU.md, section 7) had MTP at 4 sequences (12 rows) at
+    60 ms a cycle against 20 in two launches the run before."""
+    on, why = _two_tiles_verdict() if wanted else (False, cuda_qmm.TWO_TILES_UNTRIED)
+    cuda_qmm.TWO_TILES.update(on=on, why=why)
 
 
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,

@@ -49,28 +49,31 @@ train)
     log "resuming from $(sha256sum $G/init.q8.safetensors | cut -c1-16)"
   fi
   log "data: $(python3 -c "import json; print(json.load(open('$W/data/data_info.json')))")"
-  # v2's losses and acceptance term (build.py's COMMON), one phase: lr 2e-3 with a short
+  # v2's losses and acceptance term (build.py's COMMON); the first phase: lr 2e-3 with a short
   # warm-up, the acceptance term from 40 % of the schedule ramped over 30 % to 0.4 (v2's E1 shape,
   # which kept the model following the question; 1.5 collapsed it), batch 16 windows of 4,096
   # (v2's F1 batch: twice E1's throughput on the reference kernels, which are launch-bound)
+  # What both phases share: the losses, the shape, the batch; each phase adds its own arguments
+  # (later ones win, so EXTRA / EXTRA2 override any of these).
+  train() {
+    local limit=$1; shift
+    timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
+      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
+      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 "$@"
+  }
   # EXTRA2 (optional): a second phase resumed from the first, with these arguments, over the last
   # SECS2 seconds (v3b: 1,024-token windows first for more optimizer steps, then 4,096 so the long
   # windows stay trained). The first phase then gets the budget before it.
   P1_STOP=$STOP_AT; P1_SECS=$SECS
   [ -n "${EXTRA2:-}" ] && { P1_STOP=$(( STOP_AT - ${SECS2:-120} )); P1_SECS=$(( SECS - ${SECS2:-120} )); }
-  timeout ${RUN_LIMIT:-540} python3 $S/train_torch.py --data $W/data --out $W/runs --name V3 \
-    --text-config $CONFIG --seconds "$P1_SECS" --stop-at $P1_STOP \
-    --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-    --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --lr ${LR:-2e-3} --warmup 60 \
-    --accept-w 0.4 --accept-start 0.4 --accept-ramp 0.3 --seed 35 $RESUME ${EXTRA:-} > $W/V3.stdout 2>&1
+  train ${RUN_LIMIT:-540} --out $W/runs --seconds "$P1_SECS" --stop-at $P1_STOP --lr ${LR:-2e-3} --warmup 60 \
+    --accept-start 0.4 --accept-ramp 0.3 --seed 35 $RESUME ${EXTRA:-} > $W/V3.stdout 2>&1
   log "train exit $? after $(( $(date +%s) - START )) s"
   FINAL=$W/runs/V3
   if [ -n "${EXTRA2:-}" ]; then
-    timeout $(( STOP_AT - $(date +%s) + 60 )) python3 $S/train_torch.py --data $W/data --out $W/runs2 --name V3 \
-      --text-config $CONFIG --seconds "${SECS2:-120}" --stop-at $STOP_AT --resume $W/runs/V3 \
-      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --lr ${LR2:-${LR:-2e-3}} --warmup 20 \
-      --accept-w 0.4 --accept-start 0.0 --accept-ramp 0.0 --seed 36 $EXTRA2 >> $W/V3.stdout 2>&1
+    train $(( STOP_AT - $(date +%s) + 60 )) --out $W/runs2 --seconds "${SECS2:-120}" --stop-at $STOP_AT \
+      --resume $W/runs/V3 --lr ${LR2:-${LR:-2e-3}} --warmup 20 --accept-start 0.0 --accept-ramp 0.0 --seed 36 \
+      $EXTRA2 >> $W/V3.stdout 2>&1
     log "phase 2 exit $? after $(( $(date +%s) - START )) s"
     FINAL=$W/runs2/V3
   fi
