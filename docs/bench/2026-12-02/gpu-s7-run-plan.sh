@@ -20,7 +20,7 @@ say waiting for the training to end
 n=0; while ! grep -q "stage train done" /tmp/v3_out/calls.log 2>/dev/null && [ $n -lt 700 ]; do sleep 2; n=$((n+2)); done
 sleep 3; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; say training over
 say trials
-STAGES=trials STEP_TIMEOUT=300 bash scripts/gpu/gpu_bench.sh $O
+STAGES=trials STEP_TIMEOUT=360 bash scripts/gpu/gpu_bench.sh $O
 say parts
 T "$PY scripts/gpu/gpu_step_parts.py --model $C --env-variants --json $O/step_parts.json 2>&1 | grep -v 'regex pattern'" 360
 say long
