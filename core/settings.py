@@ -70,8 +70,8 @@ class Settings(BaseSettings):
     # The fused CUDA kernels (a Gated-DeltaNet layer's middle in one launch, the few-row attention):
     # None = the backend's default (adapters/qwen3_5/backends.py), True / False to force them.
     gpu_fused: Optional[bool] = None
-    # CUDA kernel changes written but not yet measured to pay on the GPU, off until they are: a comma
-    # list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
+    # CUDA kernel changes that lost to the defaults when paired on an H200 (2026-12-02: GPU.md
+    # section 8), kept for other GPUs to measure: a comma list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
     # the rest), "swiglu" (the MLP's activation read inside down_proj), "two-tiles" (9-16 rows in one
     # matmul launch). Each keeps every row's bits (checked at load), so it only moves speed.
     gpu_trials: str = ""

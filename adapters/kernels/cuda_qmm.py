@@ -25,8 +25,8 @@ from .naming import versioned
 TILE_ROWS = 8  # one mma tile of token columns
 MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) read the weights once too
 # 9-16 rows in one launch: a trial (settings.gpu_trials "two-tiles"), then its load check decides.
-TWO_TILES_UNTRIED = "two tiles a launch not measured to pay yet"
-TWO_TILES = {"on": False, "why": TWO_TILES_UNTRIED}
+TWO_TILES_OFF = "two tiles a launch measured slower than 8 rows a launch"
+TWO_TILES = {"on": False, "why": TWO_TILES_OFF}
 
 
 def rows_per_launch() -> int:
