@@ -63,6 +63,34 @@ def served(host, auth=None, api_key=None, **kw):
         running.stop()
 
 
+def saved_history(page, demo) -> list:
+    """The chat history the page keeps in localStorage, decrypted as the page does on reload
+    (gr.BrowserState: CryptoJS AES with the passphrase sha256(secret), OpenSSL's salted format)."""
+    import base64
+    import hashlib
+    import json
+
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from webapp.ui.page import HISTORY_KEY
+
+    stored = page.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)
+    if not stored:
+        return []
+    secret = next(b.secret for b in demo.blocks.values() if b.__class__.__name__ == "BrowserState")
+    raw = base64.b64decode(stored.split(":", 1)[1])
+    assert raw[:8] == b"Salted__", "not CryptoJS's salted format"
+    passphrase, salt, derived, block = hashlib.sha256(secret.encode()).hexdigest().encode(), raw[8:16], b"", b""
+    while len(derived) < 48:        # OpenSSL's EVP_BytesToKey with MD5, as CryptoJS derives key and iv
+        block = hashlib.md5(block + passphrase + salt).digest()
+        derived += block
+    dec = Cipher(algorithms.AES(derived[:32]), modes.CBC(derived[32:48])).decryptor()
+    unpad = padding.PKCS7(128).unpadder()
+    plain = unpad.update(dec.update(raw[16:]) + dec.finalize()) + unpad.finalize()
+    return json.loads(plain)
+
+
 def screenshot_dir() -> Path:
     d = Path(os.environ.get("MTP_CHAT_SCREENSHOTS", "artifacts/screenshots"))
     d.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served
-from webapp.ui.page import HISTORY_KEY
+from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, saved_history, screenshot_dir, served
 
 needs_chromium()
 
@@ -21,6 +20,7 @@ TIMEOUT = 30_000
 # reply here can take over 20 s to start while the other worker computes.
 HANG = 180
 STOPS = []   # the served app's stop registry (to see when the model is free)
+DEMO = []    # the served Blocks (to read the history the page saved)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def app_url(tiny_model_dir):
     # greedy: on the tiny checkpoint LONG_PROMPT then runs > 1000 tokens, long enough to stop
     host = make_host(tiny_model_dir, temperature=0.0, top_p=1.0, top_k=0, max_tokens=200)
     with served(host) as (url, demo):
-        STOPS[:] = [demo.stops]
+        STOPS[:], DEMO[:] = [demo.stops], [demo]
         yield url
 
 
@@ -107,21 +107,37 @@ def test_chat_streams_and_shows_stats(page):
     assert page.outside_requests == [], "the page must not call out"
 
 
+def wait_saved(pg, check, what):
+    """Wait until the history the page saved (what a reload restores) passes `check`."""
+    t0 = time.time()
+    while time.time() - t0 < HANG:
+        history = saved_history(pg, DEMO[0])
+        if check(history):
+            return history
+        time.sleep(0.1)
+    raise AssertionError(f"the saved history never {what}: {history!r:.500}")
+
+
+def first_user(history):
+    users = [m for m in history if m["role"] == "user"]
+    return users[0]["content"][-1]["text"] if users else None
+
+
 def test_regenerate_and_undo(page):
     before = bot_text(page)
     page.evaluate("() => document.querySelectorAll('#chatbot .thought').forEach(e => e.remove())")
-    stored = page.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)
     page.click("#chat-regenerate")
     wait_stats(page, "tok/s")
     assert page.locator("#chatbot [data-testid='user']").count() == 1
     assert bot_text(page) == before              # greedy: the same reply again
-    # The reply's event has ended once its history is saved (the step after it): an Undo that
-    # lands before then is overwritten by the event's closing update (seen with the CPU busy).
-    page.wait_for_function("([k, before]) => localStorage.getItem(k) !== before", arg=[HISTORY_KEY, stored],
-                           timeout=HANG * 1000)
+    # Undo at once, while the reply's event may still be closing: Undo takes the reply back, so
+    # its closing update must not bring the exchange back (it did, with the CPU busy).
     page.click("#chat-undo")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     assert page.locator("#chat-input textarea").input_value() == "Tell me a story"
+    wait_saved(page, lambda h: first_user(h) is None, "lost the undone exchange")
+    time.sleep(1.0)
+    assert page.locator("#chatbot [data-testid='user']").count() == 0
     page.fill("#chat-input textarea", "")
 
 
@@ -129,20 +145,43 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     page.click("#chat-clear")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     start_long_reply(page)
-    stored = page.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)   # saved before this reply
     page.click("#chat-stop")
     stats = wait_stats(page, "stopped")          # the token count below shows it stopped early
     n = int(re.search(r"(\d+) tokens", stats).group(1))
     assert 0 < n < 5000
     page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
     # History lives in the browser (localStorage): a reload brings it back. The page saves it in a
-    # request of its own after the reply ends; reloading before that request lands (a busy CPU)
-    # would lose it, as a user's reload would: wait for the save first.
-    page.wait_for_function("([k, before]) => localStorage.getItem(k) !== before", arg=[HISTORY_KEY, stored])
+    # request of its own after the reply ends; a reload before that request lands would lose it,
+    # as a user's reload would: wait until the stopped reply is what the page saved.
+    wait_saved(page, lambda h: first_user(h) == LONG_PROMPT and "stopped" in str(h), "held the stopped reply")
     page.reload()
     page.wait_for_selector("#chatbot [data-testid='user']")
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
     wait_stats(page, "stopped")
+
+
+@pytest.mark.parametrize("button", ["#chat-clear", "#chat-undo"])
+def test_clear_or_undo_mid_stream_ends_the_reply_and_it_does_not_come_back(page, button):
+    page.click("#chat-clear")
+    page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
+    start_long_reply(page)
+    page.click(button)
+    t0 = time.time()
+    while STOPS[0].active() and time.time() - t0 < HANG:
+        time.sleep(0.05)
+    assert STOPS[0].active() == 0, f"{button} must end the reply"
+    # The ended reply's last update reaches the page after the button's; it must not bring the
+    # conversation back, on the page nor in the history a reload restores.
+    time.sleep(1.5)
+    assert page.locator("#chatbot [data-testid='user']").count() == 0
+    if button == "#chat-undo":                  # the question goes back into the box
+        assert page.locator("#chat-input textarea").input_value() == LONG_PROMPT
+        page.fill("#chat-input textarea", "")
+    wait_saved(page, lambda h: first_user(h) is None, "lost the withdrawn exchange")
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    time.sleep(1.0)
+    assert page.locator("#chatbot [data-testid='user']").count() == 0
 
 
 def test_race_fills_both_lanes_with_stats_and_colours(page):

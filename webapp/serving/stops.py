@@ -5,7 +5,8 @@ Stop pressed while the request still waits in the model queue stops it as soon a
 starts; the queued step then *claims* that event. Requests that arrive without the armed
 step (API clients) claim a fresh event. Stop after a request has finished does nothing.
 Keys are ``"<session>:<lane>"`` (one per tab: chat, race), so one tab's Stop never stops
-the other's request.
+the other's request. Clear and Undo *withdraw* a request: they stop it and mark its reply as
+taken back, so it shows nothing more.
 """
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 
+class StopEvent(threading.Event):
+    """The engine's stop event; ``withdrawn`` once Clear or Undo took the reply back."""
+    withdrawn = False
+
+
 @dataclass
 class _Entry:
-    event: threading.Event = field(default_factory=threading.Event)
+    event: StopEvent = field(default_factory=StopEvent)
     claimed: bool = False
 
 
@@ -26,13 +32,13 @@ class StopRegistry:
         self._current: Dict[str, _Entry] = {}
         self.closing: Optional[str] = None    # why everything was stopped (shutdown), once it was
 
-    def arm(self, session: Optional[str]) -> threading.Event:
+    def arm(self, session: Optional[str]) -> StopEvent:
         with self._lock:
             entry = _Entry()
             self._current[session or ""] = entry
             return entry.event
 
-    def claim(self, session: Optional[str]) -> threading.Event:
+    def claim(self, session: Optional[str]) -> StopEvent:
         with self._lock:
             key = session or ""
             entry = self._current.get(key)
@@ -52,6 +58,16 @@ class StopRegistry:
                 return False
             entry.event.set()
             return True
+
+    def withdraw(self, session: Optional[str]) -> Optional[StopEvent]:
+        """Stop the session's current request and take its reply back; its event, or None."""
+        with self._lock:
+            entry = self._current.get(session or "")
+            if entry is None:
+                return None
+            entry.event.withdrawn = True
+            entry.event.set()
+            return entry.event
 
     def stop_session(self, session: Optional[str]) -> int:
         """Set every stop event of a session (all its tabs' keys ``session:...``): tab closed."""
@@ -77,6 +93,12 @@ class StopRegistry:
             entry = self._current.get(key)
             if entry is not None and entry.event is event:
                 del self._current[key]
+
+    def holds(self, session: Optional[str], event: threading.Event) -> bool:
+        """True while `event`'s request is still the session's (not yet released)."""
+        with self._lock:
+            entry = self._current.get(session or "")
+            return entry is not None and entry.event is event
 
     def busy(self, session: Optional[str]) -> bool:
         """True while a request of this key is armed (queued) or running."""

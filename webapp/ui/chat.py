@@ -9,8 +9,9 @@ or read any other file.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import gradio as gr
 
@@ -23,6 +24,9 @@ from .render import THINKING_TITLE, reply_stats
 from ..serving.stops import StopRegistry
 
 UPDATE_INTERVAL = 0.1      # seconds between streamed UI updates (~10/s: the browser keeps up)
+# How long Clear/Undo's settle step waits for the reply they withdrew to end: a stop lands within a
+# token or a prefill chunk, seconds at worst on a busy CPU; past this the page is left as it is.
+SETTLE_SECONDS = 30.0
 MODES = {"mtp": "mtp", "ar": "ar", "mtp (speculative)": "mtp", "ar (plain)": "ar"}
 
 
@@ -155,6 +159,7 @@ class ChatHandlers:
     def __init__(self, host: ModelHost, stops: StopRegistry, update_interval: float = UPDATE_INTERVAL):
         self.host = host
         self.stops = stops
+        self.settled: Dict[str, Tuple[Any, List[dict]]] = {}   # session -> (withdrawn reply, what to show)
         self.update_interval = update_interval
 
     def key(self, request) -> str:
@@ -237,12 +242,44 @@ class ChatHandlers:
             return [], self.box()
         return history[:last_user], self.box(text_of(history[last_user]["content"]))
 
+    def undo_and_stop(self, history, request: gr.Request = None) -> Tuple[List[dict], str]:
+        """Undo that also ends a reply still streaming: that reply is the exchange it removes."""
+        history, box = self.undo(history)
+        self.take_back(request, history)
+        return history, box
+
     def clear(self) -> Tuple[List[dict], Any]:
         return [], self.box()
 
     def clear_and_stop(self, request: gr.Request = None) -> Tuple[List[dict], str]:
-        self.stop(request)
+        self.take_back(request, [])
         return self.clear()
+
+    def withdraw(self, request: gr.Request = None) -> None:
+        """The chatbot's own trash icon (it empties itself): end and take back the reply in flight."""
+        self.take_back(request, [])
+
+    def take_back(self, request, history: List[dict]) -> None:
+        """Withdraw the reply in flight, if any: it shows nothing more, and `settle` puts back
+        `history` once it has ended."""
+        key = self.key(request)
+        withdrawn = self.stops.withdraw(key)
+        if withdrawn is not None:
+            self.settled[key] = (withdrawn, history)
+
+    def settle(self, request: gr.Request = None):
+        """Queued after Clear and Undo. A reply's updates travel the page's event stream, Clear's
+        answer its own request, so on a busy server a reply's update sent before the stop can land
+        after Clear and bring the conversation back. This step waits for the withdrawn reply to
+        end and answers on the same stream, after the reply's last update."""
+        key = self.key(request)
+        withdrawn, history = self.settled.pop(key, (None, None))
+        if withdrawn is None:
+            return gr.skip()
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while self.stops.holds(key, withdrawn) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return history
 
     def stop(self, request: gr.Request = None) -> None:
         self.stops.stop(self.key(request))
@@ -254,9 +291,21 @@ class ChatHandlers:
         # as the client sent it; with a tower a message may be a picture alone
         problem = history_problem(history, (lambda c: text_of(c) or ("(picture)" if pictures.picture_paths(c) else ""))
                                   if self.multimodal else text_of)
-        history, system_prompt = clean_history(history), clean_text(system_prompt)
         key = self.key(request)
         stop = self.stops.claim(key)
+        try:
+            with contextlib.closing(self._reply(stop, problem, history, mode, system_prompt, temperature, top_p,
+                                                top_k, min_p, max_tokens, seed, depth, thinking)) as updates:
+                for update in updates:
+                    if stop.withdrawn:     # Clear or Undo took this reply back: show nothing more
+                        return
+                    yield update
+        finally:
+            self.stops.release(key, stop)
+
+    def _reply(self, stop, problem, history, mode, system_prompt, temperature, top_p, top_k, min_p,
+               max_tokens, seed, depth, thinking) -> Iterator[List[dict]]:
+        history, system_prompt = clean_history(history), clean_text(system_prompt)
         text, stats, stream, reply = "", None, None, None
         try:
             try:
@@ -326,4 +375,3 @@ class ChatHandlers:
         finally:
             if stream is not None:
                 stream.close()
-            self.stops.release(key, stop)

@@ -171,18 +171,24 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
 
         # .success: a refused message or regenerate queues no reply. The checks have no outputs
         # (a failed step covers its outputs, the whole conversation, with "Error").
-        gr.on([msg.submit, send.click], chat.check_message, msg, None, **INSTANT, api_visibility="private").success(
-            chat.submit, [msg, chatbot], [msg, chatbot], queue=False, api_visibility="private").success(
-            api_name="respond", **respond_args).then(**save)
-        gr.on([regen.click, chatbot.retry], chat.check_regenerate, chatbot, None, **INSTANT,
-              api_visibility="private").success(
-            chat.prepare_regenerate, chatbot, chatbot, queue=False, api_visibility="private").success(
-            api_visibility="private", **respond_args).then(**save)
-        gr.on([undo.click, chatbot.undo], chat.undo, chatbot, [chatbot, msg], queue=False,
-              api_visibility="private").then(**save)
+        for reply in [
+            gr.on([msg.submit, send.click], chat.check_message, msg, None, **INSTANT, api_visibility="private").success(
+                chat.submit, [msg, chatbot], [msg, chatbot], queue=False, api_visibility="private").success(
+                api_name="respond", **respond_args),
+            gr.on([regen.click, chatbot.retry], chat.check_regenerate, chatbot, None, **INSTANT,
+                  api_visibility="private").success(
+                chat.prepare_regenerate, chatbot, chatbot, queue=False, api_visibility="private").success(
+                api_visibility="private", **respond_args)]:
+            reply.then(**save)
+        # Undo and Clear withdraw the reply in flight (chat.take_back): it shows nothing more,
+        # and `settle` puts their result back after the reply's last update.
+        settle = dict(fn=chat.settle, inputs=None, outputs=chatbot, **INSTANT, api_visibility="private")
+        gr.on([undo.click, chatbot.undo], chat.undo_and_stop, chatbot, [chatbot, msg], queue=False,
+              api_visibility="private").then(**settle).then(**save)
         gr.on([clear.click], chat.clear_and_stop, None, [chatbot, msg], queue=False,
-              api_visibility="private").then(**save)
-        chatbot.clear(chat.stop, None, None, queue=False, api_visibility="private").then(**save)
+              api_visibility="private").then(**settle).then(**save)
+        chatbot.clear(chat.withdraw, None, None, queue=False, api_visibility="private").then(
+            **settle).then(**save)
         stop.click(chat.stop, None, None, queue=False, api_name="stop")
 
         # --- race events ----------------------------------------------------------------
