@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence as Seq
 import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
-from .constraints import allowed_after
+from .constraints import allowed_after, lazy_free
 from .costs import DepthPolicy
 from .sampling import KeyStream, all_finite, check_finite, sample_or_flag
 from .stats import WallClock
@@ -55,6 +55,7 @@ class Sequence:
         # `pending` has been through the trunk then.
         self.ahead = None
         self.feed_h = self.feed_t = None   # what the head has not seen yet (MTP)
+        self.free = False            # this step is free text of a triggered grammar (core.constraints.Triggered)
         self.produced = 0
         self.last = None             # the latest StreamEvent
         self.chunk = 0               # prefill chunk (0: the lanes' own, core.stream.PREFILL_CHUNK)
@@ -74,10 +75,12 @@ class Sequence:
             # As the AR lane starts: the first decode step is queued before the first token is
             # read, and from then on each step queues the next before reading its own (take_ahead).
             first = self._sample(done.logits, allowed_after(self.constraint))
+            self.free = lazy_free(self.constraint)
             if self.max_tokens > 1:
                 self._queue_ahead(first)
             self.pending = first.item()
             check_finite(self.pending >= 0, "target model")
+            self._opened(self.pending)
             return [self.pending], ["target"], done.logits
         first = self.sampler.sample(done.logits, self.keys.next(), allowed_after(self.constraint))
         check_finite(all_finite(done.logits).item(), "target model")
@@ -97,12 +100,21 @@ class Sequence:
         on the device without waiting; a batch's later steps take it from there."""
         logits, _, _ = self.adapter.forward(y[None], self.cache, all_logits=False)
         row = logits[:, -1]
-        self.ahead = (self._sample(row, allowed_after(self.constraint, y)), row)
+        self.ahead = (self._sample(row, None if self.free else allowed_after(self.constraint, y)), row)
         mx.async_eval(self.ahead[0])
+
+    def _opened(self, token: int) -> None:
+        """Free text: if `token` opened the grammar, the token after it (sampled ahead, free)
+        is drawn again under the grammar."""
+        if self.free and self.constraint.take([token]) and self.ahead is not None:
+            row = self.ahead[1]
+            self.ahead = (self._sample(row, self.constraint.allowed()), row)
+            mx.async_eval(self.ahead[0])
 
     def depth(self, batch: int = 1) -> int:
         """This step's draft depth among `batch` sequences: 0 for the AR lane, priced out (at
         this batch size: core.costs.Costs.at_batch), or one token from the end."""
+        self.free = lazy_free(self.constraint)
         if self.mode != "mtp":
             return 0
         self.stats.depth = self.policy.choose(self.stats, batch)
@@ -124,7 +136,7 @@ class Sequence:
         if logits is None:
             self._next = None
             return None
-        y = self._sample(logits, allowed_after(self.constraint, self.ahead[0]))
+        y = self._sample(logits, None if self.free else allowed_after(self.constraint, self.ahead[0]))
         self._next = (y, logits)
         return y
 
@@ -133,6 +145,7 @@ class Sequence:
         (y, row), self.ahead = self.ahead, self._next
         token = y.item()
         check_finite(token >= 0, "target model")
+        self._opened(token)
         self.stats.record_cycle(0, 0)
         self._emit([token], ["target"], row)
 
@@ -152,14 +165,14 @@ class Sequence:
     def draw(self, logits: mx.array, masks: list):
         """A draft token from the head's logits [1, V] (and the mask for the next one)."""
         t, q = self.sampler.draw(logits, self.keys.next(), masks[-1])
-        masks.append(allowed_after(self.constraint, t))
+        masks.append(None if self.free else allowed_after(self.constraint, t))
         return t, q
 
     def accept(self, drafts: mx.array, qs: list, logits: mx.array, masks: list):
         """The exact acceptance test of this sequence's drafts against its verify rows [D+1, V]
         (lazy: the batch reads every sequence's outcome in one sync)."""
         q = None if self.sampler.greedy else _stack(qs)
-        allowed = None if self.constraint is None else mx.stack(masks)
+        allowed = None if self.constraint is None or self.free else mx.stack(masks)
         p = self.sampler.mask(logits, allowed) if self.sampler.greedy else self.sampler.support(logits, allowed)
         return verify_drafts(p, q, drafts, self.keys.next(3), self.sampler.greedy)
 
@@ -173,14 +186,18 @@ class Sequence:
         new = bonus if n == depth else corrections[n:n + 1]
         # Tokens read from the arrays the batch's sync computed, whole (as the lane reads them).
         tokens = drafts.tolist()[:n] + [int(bonus.item() if n == depth else corrections.tolist()[n])]
+        origins = ["draft"] * n + ["bonus" if n == depth else "correction"]
+        kept = self.constraint.take(tokens) if self.free else None
+        if kept is not None and kept < len(tokens):   # draft `kept` opened the grammar: end the cycle there (as the lane)
+            n, new, tokens, origins = kept - 1, drafts[kept - 1:kept], tokens[:kept], origins[:kept]
         self.adapter.rollback(self.cache, captured, keep=n + 1)
         self.adapter.end_cycle(self.draft, depth)
         self.feed_h, self.feed_t = hidden[:, :n + 1], mx.concatenate([drafts[:n], new])
         self.stats.record_cycle(depth, n)
-        if self.constraint is not None:
+        if self.constraint is not None and not self.free:
             self.constraint.rollback(depth - n)
             self.constraint.advance(tokens[-1:])
-        self._emit(tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[:n + 1])
+        self._emit(tokens, origins, logits[:n + 1])
 
     def _emit(self, tokens: List[int], origins: List[str], rows: mx.array) -> None:
         self.pending = tokens[-1]

@@ -23,6 +23,7 @@ waits for its mask (one sync per draft instead of one per cycle).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
 import mlx.core as mx
@@ -178,3 +179,93 @@ def allowed_after(constraint: Optional[Constraint], token: Optional[mx.array] = 
     if token is not None:
         constraint.advance([int(token.item())])
     return constraint.allowed()
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A grammar that holds only after its trigger (the text of one special token): what a
+    function-of-the-tokenizer grammar returns for a tool call the model may or may not make."""
+    trigger: str
+    grammar: str      # what follows the trigger, up to and including its closing tag
+
+
+class Triggered:
+    """Free text, and after each trigger token one sentence of a grammar (a tool call that must
+    name an offered tool, with arguments of its schema), then free text again.
+
+    In free text there is no mask and nothing to wait for: the lanes draw as without a grammar
+    and hand each cycle's tokens to ``take``, which opens the grammar at the first trigger and
+    says how many of them to keep. Tokens after that trigger were drawn free, so the lane drops
+    them, as if its cycle had ended at the trigger: a decision on the tokens up to the trigger
+    alone, so what is kept follows the model exactly, and from there on p and q are masked as
+    with any grammar (``allowed``, ``advance``, ``rollback``). ``free`` is asked once per cycle;
+    a grammar closed inside a cycle answers all-True masks to its end, and the next ``free``
+    lets it go."""
+
+    def __init__(self, tokenizer, trigger: int, grammar: str, vocab_size: int):
+        self._args = (tokenizer, grammar, vocab_size)
+        Constraint(*self._args)                  # a grammar that cannot be used fails here, not mid-reply
+        self.trigger = int(trigger)
+        self.inner: Optional[Constraint] = None  # the open grammar (or closed, until the next `free`)
+        self._log: list = []                     # per token advanced while open: "in", "out" or the grammar before
+        self._everything = None
+
+    @property
+    def free(self) -> bool:
+        """Outside the grammar (asked at the start of a cycle: a closed grammar is let go here)."""
+        if self.inner is not None and self.inner.complete:
+            self.inner, self._log = None, []
+        return self.inner is None
+
+    def allowed(self) -> Optional[mx.array]:
+        if self.inner is None:
+            return None
+        if self.inner.complete:
+            if self._everything is None:
+                self._everything = mx.ones((self._args[2],), dtype=mx.bool_)
+            return self._everything
+        return self.inner.allowed()
+
+    def _open(self) -> None:
+        self._log.append(self.inner)
+        self.inner = Constraint(*self._args)
+
+    def take(self, tokens: List[int]) -> Optional[int]:
+        """Free text: read `tokens` up to the first trigger; how many to keep (through the
+        trigger) if one opened the grammar, else None."""
+        for i, t in enumerate(tokens):
+            if t == self.trigger:
+                self.inner, self._log = None, []
+                self._open()
+                self._log.clear()                # nothing before a free cycle's trigger rolls back
+                return i + 1
+        return None
+
+    def advance(self, tokens: List[int]) -> None:
+        for t in tokens:
+            if self.inner is None:
+                self.take([t])
+            elif not self.inner.complete:
+                self.inner.advance([t])
+                self._log.append("in")
+            elif t == self.trigger:              # the next call, in the cycle that closed the last
+                self._open()
+            else:
+                self._log.append("out")
+
+    def rollback(self, n: int) -> None:
+        for _ in range(n):
+            op = self._log.pop()
+            if op == "in":
+                self.inner.rollback(1)
+            elif op != "out":
+                self.inner = op
+
+    @property
+    def complete(self) -> bool:
+        return self.inner is None or self.inner.complete
+
+
+def lazy_free(constraint) -> bool:
+    """Is this cycle free text of a Triggered grammar (no masks, no waits)? Ask once per cycle."""
+    return isinstance(constraint, Triggered) and constraint.free

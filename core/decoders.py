@@ -7,7 +7,7 @@ from typing import Iterator, List, Tuple, Union
 import mlx.core as mx
 
 from .acceptance import accepted_prefix, verify_drafts
-from .constraints import allowed_after
+from .constraints import allowed_after, lazy_free
 from .costs import DepthPolicy, cached_costs
 from .sampling import _DEFAULT, KeyStream, SamplerConfig, all_finite, check_finite, sample_or_flag
 from .stats import GenerationStats
@@ -37,17 +37,21 @@ class AutoregressiveDecoder(Lane):
         for n in range(1, max_tokens + 1):
             wf.cycle()   # in a timed cycle each mark waits for its arrays; otherwise marks are free
             wf.mark("sampling", y)
+            free = lazy_free(c)   # free text of a triggered grammar: no mask, no wait
             if n < max_tokens:
                 # Queue the next step before reading this token: the host builds the
                 # graph while the device computes (as mlx_lm.generate_step does).
                 logits, _, _ = ad.forward(y[None], cache, all_logits=False)
                 wf.mark("forward", logits)
                 # A grammar's next mask needs this token on the host (the step still overlaps it).
-                next_y, next_row = sample(logits[:, -1], allowed_after(c, y)), logits[:, -1]
+                next_y, next_row = sample(logits[:, -1], None if free else allowed_after(c, y)), logits[:, -1]
                 mx.async_eval(next_y)
                 wf.mark("sampling", next_y)
             token = y.item()
             check_finite(token >= 0, "target model")
+            if free and c.take([token]) and n < max_tokens:
+                next_y = sample(next_row, c.allowed())   # `token` opened the grammar: draw its first under it
+                mx.async_eval(next_y)
             if n > 1:
                 stats.record_cycle(0, 0)
             wf.end()
@@ -98,6 +102,7 @@ class SpeculativeDecoder(Lane):
 
         while True:
             wf.cycle()   # in a timed cycle each mark waits for its arrays; otherwise marks are free
+            free = lazy_free(c)   # free text of a triggered grammar: no masks, no waits per draft
             stats.depth = policy.choose(stats)
             depth = min(stats.depth, max_tokens - produced - 1)
             wf.mark("host")
@@ -127,7 +132,7 @@ class SpeculativeDecoder(Lane):
                 t, q = sampler.draw(logits, keys.next(), masks[-1])
                 drafts.append(t)
                 qs.append(q)
-                masks.append(allowed_after(c, t))  # the next mask depends on this draft (a sync)
+                masks.append(None if free else allowed_after(c, t))  # the next mask depends on this draft (a sync)
             drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
             mx.async_eval(drafts)  # the head computes while the verify graph is built
             wf.mark("draft", drafts, *([] if q is None else [q[1]]))
@@ -135,7 +140,7 @@ class SpeculativeDecoder(Lane):
             # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
             logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
             wf.mark("forward", logits, vh)
-            allowed = None if c is None else mx.stack(masks)  # verify row i: the mask after d1..di
+            allowed = None if c is None or free else mx.stack(masks)  # verify row i: the mask after d1..di
             p = sampler.mask(logits[0], allowed) if sampler.greedy else sampler.support(logits[0], allowed)
             wf.mark("sampling", *([p] if sampler.greedy else [a for a in p if a is not None]))
             accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
@@ -153,18 +158,22 @@ class SpeculativeDecoder(Lane):
             # Tokens read from the arrays the sync computed, whole: reading a slice of one
             # (new, drafts[:n]) would evaluate it, a wait for the device each.
             tokens = drafts.tolist()[:n] + [bonus.item() if n == depth else corrections.tolist()[n]]
+            origins = ["draft"] * n + ["bonus" if n == depth else "correction"]
+            kept = c.take(tokens) if free else None
+            if kept is not None and kept < len(tokens):   # draft `kept` opened the grammar: end the cycle there
+                n, new, tokens, origins = kept - 1, drafts[kept - 1 : kept], tokens[:kept], origins[:kept]
             pending = tokens[-1]
             ad.rollback(cache, captured, keep=n + 1)
             ad.end_cycle(draft, depth)
             feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
             stats.record_cycle(depth, n)
-            if c is not None:
+            if c is not None and not free:
                 c.rollback(depth - n)
                 c.advance([pending])
             produced += len(tokens)
             wf.mark("commit", feed_h, feed_t, *ad.state_arrays(cache, draft))
             wf.end()
-            yield tokens, ["draft"] * n + ["bonus" if n == depth else "correction"], logits[0, : n + 1]
+            yield tokens, origins, logits[0, : n + 1]
 
 
 def _stack(supports):

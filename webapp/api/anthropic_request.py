@@ -22,7 +22,7 @@ from .errors import bad_request
 from .fields import Flag, Sampled, Stops, Whole, fail, text, validate
 from .images import anthropic_part
 from .messages import forced_tool, function_tool, parse_messages
-from .request import ApiRequest, one_grammar, run_params
+from .request import ApiRequest, set_grammars, run_params
 from .structured import response_format
 
 
@@ -197,6 +197,6 @@ def parse_messages_request(body: dict, settings, max_depth: int, max_tokens_defa
                      stream=bool(m.stream), model=m.model, stops=m.stop_sequences)
     req.messages = to_chat(m.messages, m.system, settings, pictures)
     req.tools, forced = parse_tools(m.tools, m.tool_choice)
-    req.grammar = one_grammar(output_format(m.output_config), forced)
+    set_grammars(req, output_format(m.output_config), forced)
     req.enable_thinking = parse_thinking(m.thinking)
     return req

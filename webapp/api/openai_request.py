@@ -20,7 +20,7 @@ from ..serving.inputs import clean_text
 from .errors import bad_request
 from .fields import Flag, Sampled, Stops, Whole, fail, flag, validate
 from .messages import parse_messages, parse_tools
-from .request import ApiRequest, one_grammar, run_params
+from .request import ApiRequest, set_grammars, run_params
 from .structured import response_format
 
 
@@ -107,7 +107,7 @@ def parse_chat(body: dict, settings, max_depth: int, max_tokens_default: int, pi
     req = chat.request(settings, max_depth, max_tokens_default)
     req.messages = parse_messages(chat.messages, settings, pictures)
     req.tools, forced = parse_tools(chat.tools, chat.tool_choice)
-    req.grammar = one_grammar(response_format(chat.response_format), forced)
+    set_grammars(req, response_format(chat.response_format), forced)
     req.enable_thinking = chat.thinking()
     req.logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
     return req

@@ -31,6 +31,7 @@ class ApiRequest:
     prompt: Optional[str] = None                 # completions: the text to continue
     prompt_ids: Optional[List[int]] = None       # completions: or its token ids
     grammar: object = None                       # structured output: a grammar, or a function of the tokenizer (api.structured)
+    call_grammar: object = None                  # tool_choice "auto": what a call is held to once the model opens one
     logprobs: Optional[int] = None               # log-probabilities with this many alternatives
     echo: bool = False                           # completions: the prompt's own logprobs too
     conversation: Optional[dict] = None          # Responses: store, previous_response_id, instructions
@@ -82,6 +83,12 @@ def _param_of(message: str) -> Optional[str]:
     return None
 
 
-def one_grammar(fmt, forced):
-    """A forced tool call wins over a reply format: the reply is then the call (as OpenAI's)."""
-    return forced or fmt
+def set_grammars(req: "ApiRequest", fmt, forced) -> None:
+    """A forced tool call wins over a reply format: the reply is then the call (as OpenAI's).
+    With neither, offered tools' calls are held to their names and parameter schemas once the
+    model opens one (``call_grammar``); the rest of the reply stays free."""
+    req.grammar = forced or fmt
+    if req.grammar is None and req.tools:
+        from .structured import tool_call_grammar
+
+        req.call_grammar = tool_call_grammar(req.tools, lazy=True)

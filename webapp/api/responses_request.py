@@ -19,7 +19,7 @@ from ..serving.inputs import clean_text
 from .errors import ApiError, bad_request
 from .fields import Flag, Sampled, Text, Whole, fail, text, validate
 from .messages import parse_messages, parse_tools
-from .request import ApiRequest, one_grammar, run_params
+from .request import ApiRequest, set_grammars, run_params
 from .responses_store import ResponseStore
 from .structured import response_format
 
@@ -197,6 +197,6 @@ def parse_responses_request(body: dict, settings, max_depth: int, max_tokens_def
                         "previous_response_id": r.previous_response_id,
                         "instructions": r.instructions}   # history + new: without the instructions, for the store
     req.tools, forced = parse_tools(flat_tools(r.tools), r.tool_choice)
-    req.grammar = one_grammar(response_format((r.text or {}).get("format"), "text.format", flat=True), forced)
+    set_grammars(req, response_format((r.text or {}).get("format"), "text.format", flat=True), forced)
     req.enable_thinking = r.thinking()
     return req

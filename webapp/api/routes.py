@@ -140,9 +140,14 @@ class OpenAIApi:
         return req
 
     async def constraint(self, req: ApiRequest):
-        """The request's grammar compiled for this tokenizer (None without one); 400 if it cannot be."""
+        """The request's grammar compiled for this tokenizer (None without one); 400 if it cannot be.
+        Offered tools' lazy call grammar (tool_choice "auto") never refuses a request: where it
+        cannot be held (a schema the grammar library refuses, a tag that is not one token) the
+        calls go unheld, as before."""
         if not req.grammar:
-            return None
+            if req.call_grammar is None:
+                return None
+            return await run_in_threadpool(self.host.lazy_constraint, req.call_grammar)
         from core import GrammarError
 
         try:

@@ -53,9 +53,11 @@ def response_format(fmt: Any, param: str = "response_format", flat: bool = False
                       f"{{\"type\": \"json_schema\", ...}}; got {json.dumps(fmt)[:60]}.", param)
 
 
-def tool_call_grammar(tools: List[dict], name: Optional[str] = None) -> Callable[[object], str]:
+def tool_call_grammar(tools: List[dict], name: Optional[str] = None, lazy: bool = False) -> Callable[[object], object]:
     """One tool call of `tools` (OpenAI-shaped, as parse_tools gives them), or of the one named,
-    as the template asks for it: a function of the tokenizer (the tags may be single tokens)."""
+    as the template asks for it: a function of the tokenizer (the tags may be single tokens).
+    `lazy`: the call may come or not (tool_choice "auto"): what follows the opening tag, as a
+    core.constraints.Lazy, held only once the model opens a call."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -65,11 +67,12 @@ def tool_call_grammar(tools: List[dict], name: Optional[str] = None) -> Callable
                           "required": ["name", "arguments"], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
 
-    def grammar(tokenizer) -> str:
-        from core.constraints import lark_grammar, lark_json, lark_text
+    def grammar(tokenizer):
+        from core.constraints import Lazy, lark_grammar, lark_json, lark_text
 
-        nl = json.dumps("\n")
-        return lark_grammar(f"start: {lark_text(tokenizer, OPEN)} {nl} call {nl} {lark_text(tokenizer, CLOSE)}\n"
-                            f"call: {lark_json(schema)}")
+        nl, call = json.dumps("\n"), f"call: {lark_json(schema)}"
+        if lazy:
+            return Lazy(OPEN, lark_grammar(f"start: {nl} call {nl} {lark_text(tokenizer, CLOSE)}\n{call}"))
+        return lark_grammar(f"start: {lark_text(tokenizer, OPEN)} {nl} call {nl} {lark_text(tokenizer, CLOSE)}\n{call}")
 
     return grammar

@@ -229,6 +229,22 @@ class ModelHost:
             grammar = grammar(self.tokenizer)
         return Constraint(self.tokenizer, grammar, self.adapter.vocab_size)
 
+    def lazy_constraint(self, grammar):
+        """A core.constraints.Triggered for `grammar` (a function of the tokenizer giving a
+        core.constraints.Lazy), or None where it cannot be held: its trigger is not one token,
+        or the grammar library refuses it (then the reply goes as it would without)."""
+        from core import GrammarError
+        from core.constraints import Triggered
+
+        try:
+            lazy = grammar(self.tokenizer)
+            ids = list(self.tokenizer.encode(lazy.trigger, add_special_tokens=False))
+            if len(ids) != 1:
+                return None
+            return Triggered(self.tokenizer, ids[0], lazy.grammar, self.adapter.vocab_size)
+        except GrammarError:
+            return None
+
     def prompt_logprobs(self, ids, top: int) -> list:
         """Each prompt token's log-probability (the first has none), from one forward on the model thread."""
         from core import prompt_logprobs

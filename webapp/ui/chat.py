@@ -223,7 +223,7 @@ class ChatHandlers:
         refused = self.refused_message(message, request, files)
         if refused:   # check_message let it through a moment ago, or a direct call
             raise refusal(*refused, where="submit")
-        self.stops.arm(self.key(request))
+        self.arm(request)
         return self.box(), history + [{"role": "user", "content": [pictures.file_block(f) for f in files]
                                        + block(message)}]
 
@@ -231,8 +231,14 @@ class ChatHandlers:
         history = until_last_question(clean_history(history))
         if not history:
             raise refusal("Nothing to regenerate yet.", "Nothing to regenerate", where="regenerate")
-        self.stops.arm(self.key(request))
+        self.arm(request)
         return history
+
+    def arm(self, request) -> None:
+        """A new reply: Stop from now on stops it, and a Clear/Undo before it has nothing left to settle."""
+        key = self.key(request)
+        self.settled.pop(key, None)
+        self.stops.arm(key)
 
     def undo(self, history) -> Tuple[List[dict], str]:
         """Remove the last exchange; its question goes back into the input box."""
@@ -273,12 +279,17 @@ class ChatHandlers:
         after Clear and bring the conversation back. This step waits for the withdrawn reply to
         end and answers on the same stream, after the reply's last update."""
         key = self.key(request)
-        withdrawn, history = self.settled.pop(key, (None, None))
+        withdrawn, history = self.settled.get(key, (None, None))
         if withdrawn is None:
             return gr.skip()
         deadline = time.monotonic() + SETTLE_SECONDS
         while self.stops.holds(key, withdrawn) and time.monotonic() < deadline:
             time.sleep(0.02)
+        # Late (a busy server) after a newer reply began, or a newer Clear/Undo: setting the chat
+        # now would cut into that reply's stream (its updates are diffs of what it sent last).
+        if self.settled.get(key, (None,))[0] is not withdrawn or self.stops.busy(key):
+            return gr.skip()
+        self.settled.pop(key, None)
         return history
 
     def stop(self, request: gr.Request = None) -> None:
