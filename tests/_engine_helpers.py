@@ -78,6 +78,29 @@ def exact_joint(adapter, sampler, prompt, n):
     return out
 
 
+def exact_constrained(adapter, sampler, prompt, n, make):
+    """The exact joint distribution of the first n tokens under `sampler` and the grammar
+    `make()` gives (a fresh core Constraint or Triggered, advanced over each prefix)."""
+    out, eos = {}, set(adapter.tokenizer.eos_token_ids)
+
+    def walk(prefix, prob):
+        if len(prefix) == n:
+            out[tuple(prefix)] = prob
+            return
+        c = make()
+        c.advance(prefix)
+        logits, _, _ = adapter.forward(mx.array([prompt + prefix]), adapter.make_cache(), all_logits=False)
+        p = np.array(sampler.probs(logits[0, -1], c.allowed()))
+        for t in np.nonzero(p)[0]:
+            if int(t) in eos:
+                out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob * float(p[t])
+            else:
+                walk(prefix + [int(t)], prob * float(p[t]))
+
+    walk([], 1.0)
+    return out
+
+
 def chi_square_pvalue(counts: Counter, expected: dict, n: int) -> float:
     cells = sorted(expected)
     exp = np.array([expected[c] * n for c in cells])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -19,7 +18,7 @@ from adapters import load_adapter
 from core import AutoregressiveDecoder, Constraint, GrammarError, SamplerConfig, SpeculativeDecoder, chat_prompt
 from core.constraints import lark_grammar
 from tests._engine_helpers import make_mixed_head
-from tests._engine_helpers import MIXED, chi_square_pvalue
+from tests._engine_helpers import MIXED, chi_square_pvalue, exact_constrained
 from tests._ties import assert_greedy_equal
 
 WORDS = lark_grammar(r'start: /[a-z]+( [a-z]+)*/')      # lowercase words: the mask bites on a random model
@@ -44,25 +43,7 @@ def words(adapter):
 
 def _exact_constrained(adapter, sampler, prompt, n):
     """The exact joint distribution of the first n tokens under `sampler` and the grammar."""
-    out, eos = {}, set(adapter.tokenizer.eos_token_ids)
-
-    def walk(prefix, prob):
-        if len(prefix) == n:
-            out[tuple(prefix)] = prob
-            return
-        c = words(adapter)
-        c.advance(prefix)
-        cache = adapter.make_cache()
-        logits, _, _ = adapter.forward(mx.array([prompt + prefix]), cache, all_logits=False)
-        p = np.array(sampler.probs(logits[0, -1], c.allowed()))
-        for t in np.nonzero(p)[0]:
-            if int(t) in eos:
-                out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob * float(p[t])
-            else:
-                walk(prefix + [int(t)], prob * float(p[t]))
-
-    walk([], 1.0)
-    return out
+    return exact_constrained(adapter, sampler, prompt, n, lambda: words(adapter))
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -20,7 +19,7 @@ from adapters import load_adapter
 from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
 from core.constraints import Triggered, lark_grammar, lazy_free
 from core.settings import DEMO_MODEL_DIR
-from tests._engine_helpers import MIXED, chi_square_pvalue, make_mixed_head
+from tests._engine_helpers import MIXED, chi_square_pvalue, exact_constrained, make_mixed_head
 from tests._ties import assert_greedy_equal
 
 SENTENCE = lark_grammar(r'start: /[0-9]{1,4}/ "."')   # after the trigger: a short number and a full stop
@@ -127,24 +126,7 @@ def test_free_text_takes_no_mask_and_the_grammar_rolls_back_across_its_close(mix
 
 def _exact_lazy(adapter, sampler, prompt, n, trigger):
     """The exact joint distribution of the first n tokens under `sampler` and the lazy grammar."""
-    out, eos = {}, set(adapter.tokenizer.eos_token_ids)
-
-    def walk(prefix, prob):
-        if len(prefix) == n:
-            out[tuple(prefix)] = prob
-            return
-        c = triggered(adapter, trigger)
-        c.advance(prefix)
-        logits, _, _ = adapter.forward(mx.array([prompt + prefix]), adapter.make_cache(), all_logits=False)
-        p = np.array(sampler.probs(logits[0, -1], c.allowed()))
-        for t in np.nonzero(p)[0]:
-            if int(t) in eos:
-                out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob * float(p[t])
-            else:
-                walk(prefix + [int(t)], prob * float(p[t]))
-
-    walk([], 1.0)
-    return out
+    return exact_constrained(adapter, sampler, prompt, n, lambda: triggered(adapter, trigger))
 
 
 @pytest.mark.parametrize("depth", [2, 3])
