@@ -234,10 +234,8 @@ class Triggered:
         """Free text: read `tokens` up to the first trigger; how many to keep (through the
         trigger) if one opened the grammar, else None."""
         for i, t in enumerate(tokens):
-            if t == self.trigger:
-                self.inner, self._log = None, []
-                self._open()
-                self._log.clear()                # nothing before a free cycle's trigger rolls back
+            if t == self.trigger:                # nothing before a free cycle's trigger rolls back
+                self.inner, self._log = Constraint(*self._args), []
                 return i + 1
         return None
 

@@ -50,22 +50,15 @@ class StopRegistry:
                 entry.event.set()
             return entry.event
 
-    def stop(self, session: Optional[str]) -> bool:
-        """Set the session's current stop event; True if there was one to set."""
-        with self._lock:
-            entry = self._current.get(session or "")
-            if entry is None:
-                return False
-            entry.event.set()
-            return True
-
-    def withdraw(self, session: Optional[str]) -> Optional[StopEvent]:
-        """Stop the session's current request and take its reply back; its event, or None."""
+    def stop(self, session: Optional[str], take_back: bool = False) -> Optional[StopEvent]:
+        """Set the session's current stop event (`take_back`: Clear/Undo withdraw its reply too);
+        that event, or None when there was none to set."""
         with self._lock:
             entry = self._current.get(session or "")
             if entry is None:
                 return None
-            entry.event.withdrawn = True
+            if take_back:
+                entry.event.withdrawn = True
             entry.event.set()
             return entry.event
 

@@ -269,7 +269,7 @@ class ChatHandlers:
         """Withdraw the reply in flight, if any: it shows nothing more, and `settle` puts back
         `history` once it has ended."""
         key = self.key(request)
-        withdrawn = self.stops.withdraw(key)
+        withdrawn = self.stops.stop(key, take_back=True)
         if withdrawn is not None:
             self.settled[key] = (withdrawn, history)
 
