@@ -264,6 +264,18 @@ class Triggered:
         return self.inner is None or self.inner.complete
 
 
+def held(tokenizer, lazy: Lazy, vocab_size: int) -> Optional[Triggered]:
+    """The Triggered grammar for `lazy`, or None where it cannot be held: its trigger is not one
+    token of this tokenizer (free text cannot watch for it), or the grammar library refuses it."""
+    ids = list(tokenizer.encode(lazy.trigger, add_special_tokens=False))
+    if len(ids) != 1:
+        return None
+    try:
+        return Triggered(tokenizer, ids[0], lazy.grammar, vocab_size)
+    except GrammarError:
+        return None
+
+
 def lazy_free(constraint) -> bool:
     """Is this cycle free text of a Triggered grammar (no masks, no waits)? Ask once per cycle."""
     return isinstance(constraint, Triggered) and constraint.free

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """What structured output costs: AR and MTP lanes with a JSON schema vs without, paired runs on
 one model, and the grammar's own cost per token (mask, advance, rollback; core/constraints.py).
+`--held-calls`: instead of the schema, the grammar the API holds tool_choice auto's calls to
+(core.constraints.Triggered) against none, on a reply that makes no call: what holding calls
+costs free text (the same seed gives the same tokens). The tools are held but not rendered
+into the prompt: the demo model calls a tool whenever one is offered.
 
 Runs are warm (one untimed run per lane and variant first), interleaved (the four lanes
 rotate every repeat), model load excluded; speeds are decode tokens/s as the lanes measure
@@ -8,6 +12,7 @@ them. `--libs` also measures the per-token mask cost of the grammar libraries th
 installed (llguidance, xgrammar, outlines-core) on the model's tokenizer.
 
     python scripts/bench/bench_constrained.py --model models/demo --repeats 5 --json docs/bench/cpu-constrained-demo.json
+    python scripts/bench/bench_constrained.py --held-calls --json docs/bench/2026-12-03/cpu-held-calls-demo.json
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import adapters  # noqa: E402  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import describe_runtime  # noqa: E402
 from core import AutoregressiveDecoder, Constraint, SamplerConfig, SpeculativeDecoder, chat_prompt  # noqa: E402
+from core.constraints import Triggered  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -33,33 +39,69 @@ SCHEMA = {"type": "object", "properties": {
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
     "required": ["name", "home", "story", "tags"], "additionalProperties": False}
 PROMPT = "Describe a sailor of the old harbor as JSON: name, home, a short story and tags."
+TOOLS = [{"type": "function", "function": {"name": name, "description": what, "parameters": {
+    "type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
+    for name, what, arg in (("wordbook", "Look up the meaning of an English word.", "term"),
+                            ("get_weather", "The weather in a city.", "city"))]
+TEXT_PROMPT = "Tell me a short story about an old harbor."
+
+
+GRAMMAR_SECONDS = [0.0]   # the grammar's host work in the current run
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        GRAMMAR_SECONDS[0] += time.perf_counter() - t0
 
 
 class TimedConstraint(Constraint):
     """The engine's constraint, timing its own host work."""
 
-    seconds = 0.0
-
-    def _timed(self, fn, *args):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            TimedConstraint.seconds += time.perf_counter() - t0
-
     def allowed(self):
-        return self._timed(super().allowed)
+        return timed(super().allowed)
 
     def advance(self, tokens):
-        return self._timed(super().advance, tokens)
+        return timed(super().advance, tokens)
 
     def rollback(self, n):
-        return self._timed(super().rollback, n)
+        return timed(super().rollback, n)
 
 
-def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, max_tokens: int, prompt) -> dict:
-    c = TimedConstraint.for_json(adapter.tokenizer, SCHEMA, adapter.contract.vocab_size) if constrained else None
-    TimedConstraint.seconds = 0.0
+class TimedTriggered(Triggered):
+    """A held-calls grammar (what the API holds tool_choice auto to), timing its own host work."""
+
+    @classmethod
+    def for_tools(cls, adapter, tools):
+        from webapp.api.structured import tool_call_grammar
+
+        lazy = tool_call_grammar(tools, lazy=True)(adapter.tokenizer)
+        ids = adapter.tokenizer.encode(lazy.trigger, add_special_tokens=False)
+        assert len(ids) == 1, "this tokenizer's <tool_call> is not one token: calls cannot be held"
+        return cls(adapter.tokenizer, ids[0], lazy.grammar, adapter.contract.vocab_size)
+
+    def allowed(self):
+        return timed(super().allowed)
+
+    def advance(self, tokens):
+        return timed(super().advance, tokens)
+
+    def rollback(self, n):
+        return timed(super().rollback, n)
+
+    def take(self, tokens):
+        return timed(super().take, tokens)
+
+
+def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, max_tokens: int, prompt,
+        held: bool = False) -> dict:
+    c = None
+    if constrained:
+        c = TimedTriggered.for_tools(adapter, TOOLS) if held else TimedConstraint.for_json(
+            adapter.tokenizer, SCHEMA, adapter.contract.vocab_size)
+    GRAMMAR_SECONDS[0] = 0.0
     if lane == "ar":
         decoder = AutoregressiveDecoder(adapter, sampler=sampler, seed=seed, constraint=c)
     else:
@@ -67,7 +109,7 @@ def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, m
     ids, stats = decoder.generate(prompt, max_tokens=max_tokens)
     text = adapter.tokenizer.decode(ids)
     valid = None
-    if constrained:
+    if constrained and not held:
         try:
             json.loads(text)
             valid = True
@@ -75,8 +117,8 @@ def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, m
             valid = False
     return {"tokens": stats.generated_tokens, "tokens_per_second": stats.tokens_per_second,
             "acceptance": stats.acceptance_rate if lane == "mtp" else None,
-            "grammar_us_per_token": 1e6 * TimedConstraint.seconds / max(1, stats.generated_tokens) if constrained else None,
-            "valid_json": valid}
+            "grammar_us_per_token": 1e6 * GRAMMAR_SECONDS[0] / max(1, stats.generated_tokens) if constrained else None,
+            "valid_json": valid, "ids": ids}
 
 
 def measure_libs(tokenizer_dir: str) -> dict:
@@ -162,36 +204,53 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--temperatures", default="0,0.6")
     ap.add_argument("--libs", action="store_true", help="also measure the grammar libraries' mask cost")
+    ap.add_argument("--held-calls", action="store_true", help="tools offered and held (tool_choice auto) vs unheld")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     adapter = load_adapter(a.model)
-    prompt = chat_prompt(adapter, [{"role": "user", "content": PROMPT}])
+    if a.held_calls:
+        prompt = chat_prompt(adapter, [{"role": "user", "content": TEXT_PROMPT}], enable_thinking=False)
+    else:
+        prompt = chat_prompt(adapter, [{"role": "user", "content": PROMPT}])
     variants = [(lane, c) for c in (False, True) for lane in ("ar", "mtp")]
-    report = {"model": a.model, "runtime": str(describe_runtime()), "depth": a.depth, "max_tokens": a.max_tokens,
-              "repeats": a.repeats, "schema": SCHEMA, "prompt": PROMPT, "by_temperature": {}}
+    tag = "_held" if a.held_calls else "_schema"
+    import subprocess
+
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    report = {"model": a.model, "commit": commit, "runtime": str(describe_runtime()), "depth": a.depth, "max_tokens": a.max_tokens,
+              "repeats": a.repeats, "by_temperature": {}}
+    report.update({"tools": TOOLS, "prompt": TEXT_PROMPT} if a.held_calls else {"schema": SCHEMA, "prompt": PROMPT})
     for temperature in (float(t) for t in a.temperatures.split(",")):
         sampler = SamplerConfig(temperature=temperature)
         for lane, c in variants:                                  # warm-up, untimed
-            run(adapter, lane, c, sampler, 0, a.depth, a.max_tokens, prompt)
-        rows = {f"{lane}{'_schema' if c else ''}": [] for lane, c in variants}
+            run(adapter, lane, c, sampler, 0, a.depth, a.max_tokens, prompt, a.held_calls)
+        rows = {f"{lane}{tag if c else ''}": [] for lane, c in variants}
         for r in range(a.repeats):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for lane, c in order:
-                rows[f"{lane}{'_schema' if c else ''}"].append(run(adapter, lane, c, sampler, r, a.depth, a.max_tokens, prompt))
+                rows[f"{lane}{tag if c else ''}"].append(
+                    run(adapter, lane, c, sampler, r, a.depth, a.max_tokens, prompt, a.held_calls))
         med = {k: statistics.median(x["tokens_per_second"] for x in v) for k, v in rows.items()}
-        report["by_temperature"][str(temperature)] = {
+        out = report["by_temperature"][str(temperature)] = {
             "tokens_per_second": {k: round(v, 2) for k, v in med.items()},
             "mtp_over_ar": round(med["mtp"] / med["ar"], 3),
-            "mtp_over_ar_with_schema": round(med["mtp_schema"] / med["ar_schema"], 3),
-            "schema_over_free_ar": round(med["ar_schema"] / med["ar"], 3),
-            "schema_over_free_mtp": round(med["mtp_schema"] / med["mtp"], 3),
+            f"mtp_over_ar_with{tag}": round(med["mtp" + tag] / med["ar" + tag], 3),
+            f"{tag[1:]}_over_free_ar": round(med["ar" + tag] / med["ar"], 3),
+            f"{tag[1:]}_over_free_mtp": round(med["mtp" + tag] / med["mtp"], 3),
             "acceptance": {k: round(statistics.median(x["acceptance"] for x in v), 3)
                            for k, v in rows.items() if k.startswith("mtp")},
             "grammar_us_per_token": {k: round(statistics.median(x["grammar_us_per_token"] for x in v), 1)
-                                     for k, v in rows.items() if k.endswith("schema")},
+                                     for k, v in rows.items() if k.endswith(tag)},
             "tokens": {k: [x["tokens"] for x in v] for k, v in rows.items()},
-            "valid_json": {k: all(x["valid_json"] for x in v) for k, v in rows.items() if k.endswith("schema")},
         }
+        if a.held_calls:   # same seed, same tokens: a reply without a call is the model's own
+            trigger = TimedTriggered.for_tools(adapter, TOOLS).trigger
+            out["replies_opening_a_call"] = sum(trigger in x["ids"] for v in rows.values() for x in v)
+            out["held_replies_equal_unheld"] = all(x["ids"] == y["ids"] for lane in ("ar", "mtp")
+                                                   for x, y in zip(rows[lane], rows[lane + tag]))
+        else:
+            out["valid_json"] = {k: all(x["valid_json"] for x in v) for k, v in rows.items() if k.endswith(tag)}
     if a.libs:
         report["libraries"] = measure_libs(a.model)
     text = json.dumps(report, indent=1)

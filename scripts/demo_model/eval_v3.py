@@ -14,6 +14,7 @@
           definition (its first six words, evaluate.py's rule)
 
     python scripts/demo_model/eval_v3.py models/demo --json docs/bench/2026-12-02/demo-v2-eval-v3.json
+    python scripts/demo_model/eval_v3.py models/demo --parts tools --hold-calls --json ...   # calls held
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def json_eval(ad, words, n=20, max_tokens=80):
             "right_letters": sum(r["right"] for r in rows), "max_tokens": max_tokens, "rows": rows}
 
 
-def tools_eval(ad, items, seed=35):
+def tools_eval(ad, items, seed=35, hold=False):
     from conversations import OTHER_TOOLS, tool_schema
     from core import AutoregressiveDecoder, SamplerConfig
     from core.chat import render
@@ -85,7 +86,10 @@ def tools_eval(ad, items, seed=35):
         rng.shuffle(tools)
         msgs = [{"role": "user", "content": e["prompt"]}]
         lane.seed = i
+        # as the API holds a call the model opens to the offered tools (tool_choice auto)
+        lane.constraint = held_calls(ad, tools) if hold else None
         ids, _ = lane.generate(render(ad, msgs, tools=tools), max_tokens=96)
+        lane.constraint = None
         text = ad.tokenizer.decode(ids)
         _, parsed = split_tool_calls(text.split("</think>")[-1])
         ok = False
@@ -105,7 +109,26 @@ def tools_eval(ad, items, seed=35):
         used += uses
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses})
-    return {"requests": len(rows), "named_offered_tool": named, "answers_using_result": used, "rows": rows}
+    return {"requests": len(rows), "held_calls": hold, "named_offered_tool": named, "answers_using_result": used,
+            **call_counts(rows), "rows": rows}
+
+
+def call_counts(rows) -> dict:
+    """How the replies' first calls went: well-formed at all, naming any offered tool, naming the
+    dictionary (named_offered_tool also needs the word among its arguments)."""
+    from webapp.api.toolcalls import split_tool_calls
+
+    firsts = [(calls[0].name, r) for r in rows for calls in [split_tool_calls(r["reply"].split("</think>")[-1])[1]]
+              if calls]
+    return {"well_formed_calls": len(firsts),
+            "calls_naming_an_offered_tool": sum(name in r["offered"] for name, r in firsts),
+            "calls_naming_the_dictionary": sum(name == r["dictionary"] for name, r in firsts)}
+
+def held_calls(ad, tools):
+    from core.constraints import held
+    from webapp.api.structured import tool_call_grammar
+
+    return held(ad.tokenizer, tool_call_grammar(tools, lazy=True)(ad.tokenizer), ad.contract.vocab_size)
 
 
 def main():
@@ -114,6 +137,8 @@ def main():
     ap.add_argument("--parts", nargs="+", default=["json", "tools"], choices=["json", "tools"])
     ap.add_argument("--tools-eval", default=str(REPO / "artifacts" / "demo" / "v3" / "corpus" / "tools_eval.jsonl"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--hold-calls", action="store_true",
+                    help="tools: hold a call the model opens to the offered tools, as the API does for tool_choice auto")
     a = ap.parse_args()
     from adapters.runtime import preload_blas
 
@@ -131,7 +156,7 @@ def main():
         print(json.dumps({k: v for k, v in res["json"].items() if k != "rows"}), flush=True)
     if "tools" in a.parts:
         items = [json.loads(l) for l in open(a.tools_eval)][:50]
-        res["tools"] = tools_eval(ad, items)
+        res["tools"] = tools_eval(ad, items, hold=a.hold_calls)
         print(json.dumps({k: v for k, v in res["tools"].items() if k != "rows"}), flush=True)
     res["seconds"] = round(time.time() - t0)
     if a.json:

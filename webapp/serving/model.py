@@ -234,15 +234,11 @@ class ModelHost:
         core.constraints.Lazy), or None where it cannot be held: its trigger is not one token,
         or the grammar library refuses it (then the reply goes as it would without)."""
         from core import GrammarError
-        from core.constraints import Triggered
+        from core.constraints import held
 
         try:
-            lazy = grammar(self.tokenizer)
-            ids = list(self.tokenizer.encode(lazy.trigger, add_special_tokens=False))
-            if len(ids) != 1:
-                return None
-            return Triggered(self.tokenizer, ids[0], lazy.grammar, self.adapter.vocab_size)
-        except GrammarError:
+            return held(self.tokenizer, grammar(self.tokenizer), self.adapter.vocab_size)
+        except GrammarError:   # the call's schema cannot compile
             return None
 
     def prompt_logprobs(self, ids, top: int) -> list:
