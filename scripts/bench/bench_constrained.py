@@ -57,30 +57,8 @@ def timed(fn, *args):
         GRAMMAR_SECONDS[0] += time.perf_counter() - t0
 
 
-class TimedConstraint(Constraint):
-    """The engine's constraint, timing its own host work."""
-
-    def allowed(self):
-        return timed(super().allowed)
-
-    def advance(self, tokens):
-        return timed(super().advance, tokens)
-
-    def rollback(self, n):
-        return timed(super().rollback, n)
-
-
-class TimedTriggered(Triggered):
-    """A held-calls grammar (what the API holds tool_choice auto to), timing its own host work."""
-
-    @classmethod
-    def for_tools(cls, adapter, tools):
-        from webapp.api.structured import tool_call_grammar
-
-        lazy = tool_call_grammar(tools, lazy=True)(adapter.tokenizer)
-        ids = adapter.tokenizer.encode(lazy.trigger, add_special_tokens=False)
-        assert len(ids) == 1, "this tokenizer's <tool_call> is not one token: calls cannot be held"
-        return cls(adapter.tokenizer, ids[0], lazy.grammar, adapter.contract.vocab_size)
+class Timed:
+    """A grammar (core Constraint or Triggered) timing its own host work."""
 
     def allowed(self):
         return timed(super().allowed)
@@ -93,6 +71,23 @@ class TimedTriggered(Triggered):
 
     def take(self, tokens):
         return timed(super().take, tokens)
+
+
+class TimedConstraint(Timed, Constraint):
+    pass
+
+
+class TimedTriggered(Timed, Triggered):
+    """A held-calls grammar: what the API holds tool_choice auto's calls to."""
+
+    @classmethod
+    def for_tools(cls, adapter, tools):
+        from webapp.api.structured import tool_call_grammar
+
+        lazy = tool_call_grammar(tools, lazy=True)(adapter.tokenizer)
+        ids = adapter.tokenizer.encode(lazy.trigger, add_special_tokens=False)
+        assert len(ids) == 1, "this tokenizer's <tool_call> is not one token: calls cannot be held"
+        return cls(adapter.tokenizer, ids[0], lazy.grammar, adapter.contract.vocab_size)
 
 
 def run(adapter, lane: str, constrained: bool, sampler, seed: int, depth: int, max_tokens: int, prompt,
