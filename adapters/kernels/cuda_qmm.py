@@ -23,9 +23,13 @@ import mlx.nn as nn
 from .naming import versioned
 
 TILE_ROWS = 8  # one mma tile of token columns
-MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) read the weights once too
+MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) in one launch
 # 9-16 rows in one launch: a trial (settings.gpu_trials "two-tiles"), then its load check decides.
-TWO_TILES_OFF = "two tiles a launch measured slower than 8 rows a launch"
+# Each tile of 8 rows has its own blocks, interleaved with the other tile's (block 2b and 2b + 1
+# read the same weight rows at the same time, so the second read is served by L2): a tile's
+# registers and arithmetic are exactly the one-tile launch's. (Two tiles in one block's registers
+# were measured slower on the H200, section 8 of docs/bench/2026-12-02/GPU.md.)
+TWO_TILES_OFF = "two tiles a launch not yet measured to pay (8 rows a launch)"
 TWO_TILES = {"on": False, "why": TWO_TILES_OFF}
 
 
@@ -154,22 +158,21 @@ QMM_SOURCE = r"""
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n0 = blockIdx.x * (16 * TILES);
+  // CT tiles of 8 token rows, each with its own blocks: block b computes output rows of block
+  // b / CT for token rows 8 * (b % CT) .. + 7, exactly as a one-tile launch computes rows 0..7.
+  const int n0 = (blockIdx.x / CT) * (16 * TILES);
+  const int c0 = 8 * (blockIdx.x % CT);
   const int G = K / GROUP;
   const int wrow = K * BITS / 32;
   const int n_chunks = K / CHUNK;
-  // NC tiles of 8 token columns (rows g and g + 8 with NC = 2): the same weight fragments feed
-  // each tile's mma, and a column's arithmetic does not depend on its tile or its neighbours.
 
-  float acc[TILES][NC][4];
+  float acc[TILES][4];
 #pragma unroll
-  for (int i = 0; i < TILES; ++i)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[i][c][0] = acc[i][c][1] = acc[i][c][2] = acc[i][c][3] = 0.f;
+  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
   uint4 wv[U][TILES][2];
   T sv[U][TILES][2], bv[U][TILES][2];
-  uint4 xv[U][NC][XV];
+  uint4 xv[U][XV];
 
   for (int base = warp; base < n_chunks; base += U * W) {
     // Every load of U chunks first (memory-level parallelism), then their arithmetic.
@@ -188,20 +191,17 @@ QMM_SOURCE = r"""
             bv[u][i][h] = biases[row * G + k0 / GROUP];
           }
         }
+        const int xrow = c0 + g;
+        const bool has_row = xrow < M;
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const int xrow = g + 8 * c;
-          const bool has_row = xrow < M;
-#pragma unroll
-          for (int i = 0; i < XV; ++i) {
-            if constexpr (SWIGLU) {
-              xv[u][c][i] = has_row ? qmm_swiglu<T>(__ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + k0 + 8 * i)),
-                                                    __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + K + k0 + 8 * i)))
-                                    : make_uint4(0u, 0u, 0u, 0u);
-            } else {
-              xv[u][c][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * K + k0 + 8 * i))
-                                    : make_uint4(0u, 0u, 0u, 0u);
-            }
+        for (int i = 0; i < XV; ++i) {
+          if constexpr (SWIGLU) {
+            xv[u][i] = has_row ? qmm_swiglu<T>(__ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + k0 + 8 * i)),
+                                               __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * XK + K + k0 + 8 * i)))
+                               : make_uint4(0u, 0u, 0u, 0u);
+          } else {
+            xv[u][i] = has_row ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * K + k0 + 8 * i))
+                               : make_uint4(0u, 0u, 0u, 0u);
           }
         }
       }
@@ -235,21 +235,18 @@ QMM_SOURCE = r"""
             a[1] = qmm_dequant<T, BITS>(wh[word], sh0, s_hi, b_hi, sf_hi, bf_hi);
             a[2] = qmm_dequant<T, BITS>(wl[word], sh1, s_lo, b_lo, sf_lo, bf_lo);
             a[3] = qmm_dequant<T, BITS>(wh[word], sh1, s_hi, b_hi, sf_hi, bf_hi);
-#pragma unroll
-            for (int c = 0; c < NC; ++c) {
-              const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[u][c]);
-              uint32_t b0, b1;
-              if constexpr (BITS == 4) {
-                const int e = j & 1;
-                const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
-                b0 = __byte_perm(xa, xb, 0x5410);
-                b1 = __byte_perm(xa, xb, 0x7632);
-              } else {
-                b0 = xr[2 * j];
-                b1 = xr[2 * j + 1];
-              }
-              Tr::mma(acc[i][c], a, b0, b1);
+            const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[u]);
+            uint32_t b0, b1;
+            if constexpr (BITS == 4) {
+              const int e = j & 1;
+              const uint32_t xa = xr[4 * word + e], xb = xr[4 * word + e + 2];
+              b0 = __byte_perm(xa, xb, 0x5410);
+              b1 = __byte_perm(xa, xb, 0x7632);
+            } else {
+              b0 = xr[2 * j];
+              b1 = xr[2 * j + 1];
             }
+            Tr::mma(acc[i], a, b0, b1);
           }
         }
       }
@@ -258,23 +255,21 @@ QMM_SOURCE = r"""
 
   // The warps' partials summed in a fixed order (warp 0, 1, ...): a row's result does not
   // depend on how many rows travel with it.
-  __shared__ float red[8][TILES * NC * 4][32];
+  __shared__ float red[8][TILES * 4][32];
 #pragma unroll
   for (int i = 0; i < TILES; ++i)
 #pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) red[warp][(i * NC + c) * 4 + r][lane] = acc[i][c][r];
+    for (int r = 0; r < 4; ++r) red[warp][i * 4 + r][lane] = acc[i][r];
   __syncthreads();
-  for (int s = threadIdx.x; s < TILES * NC * 4 * 32; s += blockDim.x) {
+  for (int s = threadIdx.x; s < TILES * 4 * 32; s += blockDim.x) {
     const int slot = s >> 5, l = s & 31;
     float sum = 0.f;
     for (int v = 0; v < W; ++v) sum += red[v][slot][l];
-    // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols); tile c's
-    // columns are token rows 8c..8c+7
-    const int i = (slot >> 2) / NC, c = (slot >> 2) % NC, r = slot & 3;
+    // mma C fragment: r0,r1 -> (row g, cols 2t, 2t+1); r2,r3 -> (row g+8, same cols); this
+    // block's columns are token rows c0..c0+7
+    const int i = slot >> 2, r = slot & 3;
     const int row = n0 + 16 * i + (l >> 2) + 8 * (r >> 1);
-    const int col = 2 * (l & 3) + (r & 1) + 8 * c;
+    const int col = c0 + 2 * (l & 3) + (r & 1);
     if (col < M) {
       T out = static_cast<T>(sum);
       QMM_RESIDUAL
@@ -354,7 +349,8 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
                           bits: int, group_size: int, residual: Optional[mx.array] = None,
                           config: Optional[Tuple[int, int]] = None, swiglu: bool = False) -> mx.array:
     """x [..., K] (1-16 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
-    rows (9-16: two tiles of token columns, each row as in one tile); `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
+    rows (9-16: two tiles of 8 token rows, each in its own blocks and computed as in one tile);
+    `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
     `swiglu`: x is an MLP's gate|up [..., 2K] and the input is silu(gate) * up (swiglu_rows),
     computed as the kernel reads it.
 
@@ -364,7 +360,7 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
     N = w.shape[0]
     K = x.shape[-1] // 2 if swiglu else x.shape[-1]
     rows = x.size // x.shape[-1]
-    template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu, 1 if rows <= TILE_ROWS else 2)
+    template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu, -(-rows // TILE_ROWS))
     (y,) = _qmm_kernel(residual is not None, swiglu)(
         inputs=[x, w, scales, biases] if residual is None else [x, w, scales, biases, residual],
         template=template, grid=grid, threadgroup=block,
@@ -384,13 +380,12 @@ def swiglu_rows(gate_up: mx.array) -> mx.array:
 
 @lru_cache(maxsize=None)
 def _launch(dtype, bits: int, group_size: int, N: int, K: int, config: Optional[Tuple[int, int]],
-            swiglu: bool = False, nc: int = 1):
+            swiglu: bool = False, ct: int = 1):
     tiles, warps = config or qmm_config(N, K, bits)
-    # Two column tiles hold twice the token values: one chunk in flight instead of two (the
-    # chunks' order, and so every sum's, stays the same).
+    # ct tiles of 8 token rows: ct times the blocks, a tile's block beside the other tile's
     template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("TILES", tiles),
-                ("U", QMM_UNROLL if nc == 1 else 1), ("SWIGLU", int(swiglu)), ("NC", nc)]
-    return template, (N // (16 * tiles) * warps * 32, 1, 1), (warps * 32, 1, 1)
+                ("U", QMM_UNROLL), ("SWIGLU", int(swiglu)), ("CT", ct)]
+    return template, (N // (16 * tiles) * ct * warps * 32, 1, 1), (warps * 32, 1, 1)
 
 
 def module_fits(module, rows: int, K: int, dtype) -> bool:

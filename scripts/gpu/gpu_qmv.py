@@ -6,10 +6,12 @@
 For each shape (K, N) of the Qwythos-9B linears, the fused ones included:
 - correctness: against mx.quantized_matmul (bf16 rounding) and an fp32 dequantized reference;
 - row invariance: rows 0..M-1 of an M-row call equal the same rows of the 8-row call bit for
-  bit, for every M, and row 3 alone equals row 3 of the 8-row call;
+  bit, for every M, and row 3 alone equals row 3 of the 8-row call; 16 and 12 rows in one launch
+  (two tiles) equal the same rows 8 a launch;
 - time per call inside one evaluated graph of many calls (each on its own copy of the weights,
   together > 4x the L2, so nothing is served from cache), for MLX's quantized matmul and the
-  kernel, at each row count; and the bandwidth that is (bytes of weights, scales and biases
+  kernel, at each row count (past 8 rows also 8 a launch, the decode's way while two tiles
+  are off); and the bandwidth that is (bytes of weights, scales and biases
   over the time, as gpt-fast counts it);
 - with --sweep, the kernel's (tiles, warps) choices at 1 and 4 rows, to check qmm_config.
 """
@@ -67,6 +69,13 @@ def ours(bits, gs, config=None):
     return lambda x, s: cuda_qmm.quantized_matmul_rows(x, *s, bits, gs, config=config)
 
 
+def ours_split(bits, gs):
+    """8 rows a launch, as the decode runs more rows while two tiles a launch are off."""
+    step = cuda_qmm.TILE_ROWS
+    return lambda x, s: mx.concatenate([cuda_qmm.quantized_matmul_rows(x[i:i + step], *s, bits, gs)
+                                        for i in range(0, x.shape[0], step)])
+
+
 def check(K, N, bits, gs, dtype) -> dict:
     (s,) = weights(K, N, bits, gs, 1, 7)
     s = tuple(a.astype(dtype) if a.dtype == mx.bfloat16 else a for a in s)
@@ -82,12 +91,18 @@ def check(K, N, bits, gs, dtype) -> dict:
     invariant = all(bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[:m], *s, bits, gs), full[:m]))
                     for m in range(1, 8))
     invariant &= bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x[3:4], *s, bits, gs), full[3:4]))
+    # Two tiles a launch (9-16 rows): each tile's rows as in an 8-row launch, at 16 and at 12 rows.
+    x16 = mx.concatenate([x, x[::-1] * 0.5])
+    both = cuda_qmm.quantized_matmul_rows(x16, *s, bits, gs)
+    two_tiles = bool(mx.array_equal(both, ours_split(bits, gs)(x16, s)))
+    two_tiles &= bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(x16[:12], *s, bits, gs), both[:12]))
     res = mx.random.normal((8, N), key=mx.random.key(5)).astype(dtype)
     fused = cuda_qmm.quantized_matmul_rows(x, *s, bits, gs, residual=res)
     residual_ok = bool(mx.array_equal(fused, res + full))
-    ok = invariant and residual_ok and err_f32 < 0.02 and err_mlx < 0.03
+    ok = invariant and two_tiles and residual_ok and err_f32 < 0.02 and err_mlx < 0.03
     return {"K": K, "N": N, "bits": bits, "group": gs, "dtype": str(dtype), "rel_err_vs_mlx": err_mlx,
             "rel_err_vs_fp32": err_f32, "mlx_rel_err_vs_fp32": err_mlx_f32, "rows_bit_identical": invariant,
+            "two_tiles_equal_8_row_launches": two_tiles,
             "fused_residual_equals_add": residual_ok, "ok": ok}
 
 
@@ -125,13 +140,15 @@ def main(argv=None) -> int:
         sets = probe + weights(K, N, bits, gs, copies - 1, 100)
         calls = max(copies, 32)
         row = {"K": K, "N": N, "bytes": size, "copies": copies, "config": cuda_qmm.qmm_config(N, K, bits),
-               "mlx_us": {}, "ours_us": {}, "mlx_GBps": {}, "ours_GBps": {}}
+               "mlx_us": {}, "ours_us": {}, "mlx_GBps": {}, "ours_GBps": {}, "ours_8_a_launch_us": {}}
         for m in a.rows:
             x = mx.random.normal((m, K), key=mx.random.key(m)).astype(mx.bfloat16)
             for key, fn in (("mlx", mlx_qmm(bits, gs)), ("ours", ours(bits, gs))):
                 sec = per_call(fn, sets, x, calls)
                 row[f"{key}_us"][m] = round(sec * 1e6, 2)
                 row[f"{key}_GBps"][m] = round(size / sec / 1e9, 1)
+            if m > cuda_qmm.TILE_ROWS:  # more rows than a tile: one launch (above) against 8 a launch
+                row["ours_8_a_launch_us"][m] = round(per_call(ours_split(bits, gs), sets, x, calls) * 1e6, 2)
         if a.sweep:
             row["sweep_us"] = {}
             for tiles in (1, 2):
@@ -144,7 +161,8 @@ def main(argv=None) -> int:
                         row["sweep_us"][f"t{tiles}w{warps}m{m}"] = round(sec * 1e6, 2)
         report["shapes"][name] = row
         log(f"{name:22s} K={K:6d} N={N:6d} {size / 2**20:7.1f} MiB config={row['config']} "
-            f"mlx us {row['mlx_us']} | ours us {row['ours_us']} | ours GB/s {row['ours_GBps']}")
+            f"mlx us {row['mlx_us']} | ours us {row['ours_us']} | ours GB/s {row['ours_GBps']}"
+            + (f" | 8 a launch us {row['ours_8_a_launch_us']}" if row["ours_8_a_launch_us"] else ""))
         if a.sweep:
             log(f"    sweep {row['sweep_us']}")
         del sets, probe
