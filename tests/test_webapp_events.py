@@ -10,6 +10,7 @@ import pytest
 from tests._ties import tie_free
 from tests._webapp_helpers import LONG_PROMPT, Req, make_host
 from webapp.ui.chat import ChatHandlers, is_stats, text_of
+from webapp.ui.page import build_app
 from webapp.ui.race import RaceHandlers
 from webapp.serving.stops import StopRegistry
 
@@ -91,6 +92,20 @@ def test_chat_stop_while_queued_and_closing_the_generator(chat):
     assert chat.stops.busy("queued-session:chat")
     gen.close()
     assert not chat.stops.busy("queued-session:chat")
+
+
+def test_closing_the_tab_forgets_a_reply_withdrawn_before_it_settled(host):
+    """Clear keeps the withdrawn reply for `settle`; a tab closed first must not keep it for ever."""
+    demo = build_app(host, runtime="test runtime")
+    fns = list(demo.fns.values())
+    chat = next(fn.fn.__self__ for fn in fns if getattr(fn.fn, "__name__", None) == "clear_and_stop")
+    unload = next(fn.fn for fn in fns if any(t[1] == "unload" for t in fn.targets))   # as Gradio finds it
+    req = Req("closed-tab")
+    chat.submit("hello", [], req)                      # armed: the reply waits in the model queue
+    chat.clear_and_stop(req)                           # Clear withdraws it; settle would answer
+    assert "closed-tab:chat" in chat.settled
+    unload(req)                                        # the tab closes instead
+    assert "closed-tab:chat" not in chat.settled
 
 
 def test_submit_guards_and_regenerate_undo_clear(chat):

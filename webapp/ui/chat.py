@@ -292,6 +292,10 @@ class ChatHandlers:
         self.settled.pop(key, None)
         return history
 
+    def forget(self, request) -> None:
+        """Tab closed (the page's unload): no settle step comes for its withdrawn reply any more."""
+        self.settled.pop(self.key(request), None)
+
     def stop(self, request: gr.Request = None) -> None:
         self.stops.stop(self.key(request))
 

@@ -202,8 +202,9 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
         demo.load(lambda h: clean_history(h), saved, chatbot, queue=False, api_visibility="private")
         demo.load(None, js=CLOSE_SIDEBAR_ON_PHONES)
 
-        def on_unload(request: gr.Request):   # tab closed: free the model
+        def on_unload(request: gr.Request):   # tab closed: free the model and what the session left
             stops.stop_session(session_of(request))
+            chat.forget(request)
 
         demo.unload(on_unload)
     calm_queue(demo)
