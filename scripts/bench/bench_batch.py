@@ -115,6 +115,57 @@ def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
             "per_request_tokens": [tokens[i] for i in range(len(ps))], "ids": [ids[i] for i in range(len(ps))]}
 
 
+def two_tiles_switch(adapter):
+    """A function turning two tiles a launch (9-16 rows, the "two-tiles" trial) on and off in this
+    process, for runs paired in time; None where its load check fails or there is no row kernel.
+    A layer's graph is traced with the rows a launch of its time, so each setting keeps its own
+    traced graphs (the runners' caches swapped with the setting; bench-only reach into them)."""
+    from adapters import kernels
+    from adapters.kernels import cuda_qmm
+
+    backend = getattr(adapter, "backend", None)
+    runners = {id(r): r for r in (getattr(backend, k, None) for k in ("few", "long", "batch"))
+               if isinstance(getattr(r, "_compiled", None), dict)}
+    traced = cuda_qmm.TWO_TILES["on"]   # what the graphs traced so far used
+    kernels.two_tiles(True)
+    if not runners or not cuda_qmm.TWO_TILES["on"]:
+        return None
+    caches = {traced: {k: r._compiled for k, r in runners.items()}, not traced: {k: {} for k in runners}}
+
+    def use(on: bool) -> None:
+        cuda_qmm.TWO_TILES["on"] = on
+        for k, r in runners.items():
+            r._compiled = caches[on][k]
+    return use
+
+
+def paired(adapter, mode, depth, ps, max_tokens, requests, repeats, switch):
+    """Aggregate tok/s at each batch size, the defaults (8 rows a launch) and two tiles a launch
+    alternated `repeats` times in one process: medians, their ratio, every run, replies equal."""
+    for on in (False, True):   # warm-up: each setting's graphs traced at every batch size
+        switch(on)
+        for B in requests:
+            run(adapter, mode, depth, ps[:B], 8)
+    rows = {}
+    for B in requests:
+        runs = {False: [], True: []}
+        ids = {False: [], True: []}
+        for _ in range(repeats):
+            for on in (False, True):
+                switch(on)
+                r = run(adapter, mode, depth, ps[:B], max_tokens)
+                runs[on].append(r["aggregate_tok_s"])
+                ids[on].append(r["ids"])
+        a, b = statistics.median(runs[False]), statistics.median(runs[True])
+        rows[B] = {"eight_a_launch_tok_s": a, "two_tiles_tok_s": b, "two_tiles_over_eight": round(b / a, 3),
+                   "runs_eight": runs[False], "runs_two_tiles": runs[True],
+                   "replies_equal": all(x == ids[False][0] for x in ids[False] + ids[True])}
+        print(f"{mode} B={B}: 8 rows a launch {a} tok/s, two tiles {b} tok/s ({b / a:.3f}x), "
+              f"replies equal {rows[B]['replies_equal']}", flush=True)
+    switch(False)
+    return rows
+
+
 def newcomer(adapter, mode, depth, ps, max_tokens, chunk):
     """4 decode; a 5th (a short prompt) is admitted after a few steps: its first token's delay."""
     batch = Batch(adapter, prefill_chunk=chunk)
@@ -197,6 +248,10 @@ def main():
     ap.add_argument("--stream-tokens", type=int, default=27, help="max tokens per request of the many-streams case")
     ap.add_argument("--one-vs-lane", type=int, default=0, metavar="REPEATS",
                     help="only this: one request through the batcher against its lane alone, alternated REPEATS times")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each batch size (aggregate tok/s: their median; a GPU's runs vary by 30%%)")
+    ap.add_argument("--pair-two-tiles", action="store_true",
+                    help="also: 8 rows a launch against two tiles a launch, alternated --repeats times in one process")
     ap.add_argument("--costs", action="store_true", help="also measure the batched cost model ('auto' at batch sizes)")
     ap.add_argument("--json", "--out", dest="json", default="docs/bench/cpu-batch-demo.json", help="where to write")
     a = ap.parse_args()
@@ -234,7 +289,11 @@ def main():
         solo = [alone(adapter, mode, a.depth, p, a.tokens) for p in ps[:max(a.requests)]]
         rows = {}
         for B in a.requests:
-            r = run(adapter, mode, a.depth, ps[:B], a.tokens)
+            reps = [run(adapter, mode, a.depth, ps[:B], a.tokens) for _ in range(a.repeats)]
+            r = sorted(reps, key=lambda x: x["aggregate_tok_s"])[len(reps) // 2]   # the median run
+            if a.repeats > 1:
+                r["runs_aggregate_tok_s"] = [x["aggregate_tok_s"] for x in reps]
+                r["replies_equal_across_runs"] = all(x["ids"] == reps[0]["ids"] for x in reps)
             r["per_request_vs_alone"] = [round(x / y[0], 3) for x, y in zip(r["per_request_tok_s"], solo)]
             # Greedy: each reply in the batch must be its reply alone, token for token.
             r["per_request_equals_alone"] = [got == y[2] for got, y in zip(r.pop("ids"), solo)]
@@ -258,6 +317,10 @@ def main():
                 "after_chunked": [stall(adapter, mode, a.depth, ps, long_prompt, c, 4 * a.tokens)
                                   for c in a.prefill_chunk]}
             print(mode, "long prompt joins:", json.dumps(lane["long_prompt_joins_4_decoding"]), flush=True)
+        if a.pair_two_tiles:
+            switch = two_tiles_switch(adapter)
+            lane["two_tiles_paired"] = (paired(adapter, mode, a.depth, ps, a.tokens, a.requests, max(a.repeats, 3), switch)
+                                        if switch else "not available (no row kernel, or its load check failed)")
         out["lanes"][mode] = lane
     if a.streams and "mtp" in a.lanes:
         # Many requests at once: batched (max_batch 8) against one after another (max_batch 1).

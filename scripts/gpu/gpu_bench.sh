@@ -46,9 +46,9 @@
 #          then bench_batch.py (1, 2, 4 requests) with the defaults and with MTP_CHAT_GPU_TRIALS=two-tiles
 #          -> OUT_DIR/profile_trials.json, batch_9b.json, batch_9b_two_tiles.json
 #   tiles  9-16 rows a launch (two tiles, each in its own blocks) against 8 rows a launch: gpu_qmv.py at 1 / 8 /
-#          12 / 16 rows on the widest 9B shapes, then bench_batch.py (1, 2, 4 requests) with the defaults
-#          and with MTP_CHAT_GPU_TRIALS=two-tiles, alternated twice (a b a b: separate processes)
-#          -> OUT_DIR/qmv_tiles.json, batch_9b_{a,b}.json, batch_9b_two_tiles_{a,b}.json
+#          12 / 16 rows on the widest 9B shapes, then bench_batch.py (1, 2, 4 requests, 5 runs each: medians)
+#          with both settings alternated in one process (separate processes vary by 30 %: ninth session)
+#          -> OUT_DIR/qmv_tiles.json, batch_9b_tiles.json
 #   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
 #          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
@@ -118,10 +118,8 @@ for stage in $STAGES; do
             done ;;
     tiles) run $PY scripts/gpu/gpu_qmv.py --no-checks --rows 1 8 12 16 --json "$OUT/qmv_tiles.json" \
              --shapes "mlp gate|up" "gdn in (qkv|z|b|a)" "mlp down" "gdn_z / out / o_proj" "lm_head" 2>&1 | tail -n 8
-           for k in a b; do for t in "" two-tiles; do
-             MTP_CHAT_GPU_TRIALS=$t run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 \
-               --long-prompt 0 --streams 0 --json "$OUT/batch_9b${t:+_two_tiles}_$k.json" 2>&1 | grep -v "regex pattern" | tail -n 8
-           done; done ;;
+           run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --repeats 5 --pair-two-tiles \
+             --long-prompt 0 --streams 0 --json "$OUT/batch_9b_tiles.json" 2>&1 | grep -v "regex pattern" | tail -n 14 ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
     agent|agent_warm|agent_restart)

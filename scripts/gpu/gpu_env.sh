@@ -9,6 +9,12 @@
 # Sets PYTHONPATH and LD_LIBRARY_PATH (the nvidia/*/lib folders of the machine's own Python).
 mkdir -p /tmp/parts /tmp/site/.installed
 for d in "$@"; do cp "$d"/*.whl "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
+# A PTX cache packed on an earlier machine of the same GPU (ptx.tgz of ~/.cache/mtp-chat/ptx):
+# MLX then loads the kernels it compiled there instead of compiling them again (~300 s a start).
+for d in "$@"; do
+  [ -f "$d/ptx.tgz" ] && mkdir -p ~/.cache/mtp-chat && tar xzf "$d/ptx.tgz" -C ~/.cache/mtp-chat \
+    && echo "gpu_env: PTX cache unpacked ($(find ~/.cache/mtp-chat/ptx -type f | wc -l) files)"
+done
 cuda=/tmp/parts/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
 if ls /tmp/parts/cuda.part* >/dev/null 2>&1 && ! [ -f "/tmp/site/.installed/${cuda##*/}" ]; then
   cat $(ls /tmp/parts/cuda.part* | sort) > "$cuda"
