@@ -6,6 +6,16 @@ identity and a checksum over all of it. Files live in one folder per model ident
 the checkpoint's config, its weight files' headers, the tokenizer and the compute dtype), so a
 different checkpoint never reads another's entries, and each file says whose it is as well.
 
+A write has two halves: on the model's thread the snapshot's valid data is copied out of the
+live caches into host memory (`prepare`: one MLX copy; the caches keep decoding on their own
+buffers), and on the cache's writer thread (`store_soon`) that copy is checksummed and written,
+so a multi-GB snapshot of a long agent prompt never holds up the next request (ninth session, H200:
+the idle-time writes of 20k-token snapshots, hashed and written on the model thread, made the
+next turn wait 6-15 s). The checksum is a CRC-32 per 32 MiB piece of each array (zlib, the GIL
+released, pieces in parallel) hashed in order with the names, dtypes, shapes, ids and meta: it
+finds a truncated or damaged file (what it is for; the folder is the user's own, not a forger's),
+at several GB/s instead of BLAKE2b's one.
+
 Writes are atomic (a temporary file in the same folder, fsync, rename): a process killed
 mid-write leaves a stray `.tmp` file that the next start removes, never a half entry under a
 real name. A truncated or corrupted entry (a failed checksum, an unreadable header) is skipped
@@ -26,6 +36,8 @@ import os
 import struct
 import threading
 import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -35,7 +47,7 @@ import numpy as np
 
 log = logging.getLogger("mtp_chat.disk_cache")
 
-FORMAT = "mtp-chat-prefix-v1"
+FORMAT = "mtp-chat-prefix-v2"   # v2: the per-piece CRC-32 checksum (v1 entries are refused and removed)
 SUFFIX = ".safetensors"
 TMP = ".tmp.safetensors"  # a write in progress (or killed): never read, removed at start
 
@@ -107,21 +119,68 @@ def _ids_from(text: str) -> Tuple[int, ...]:
     return tuple(int(t) for t in np.frombuffer(base64.b64decode(text), dtype=np.int32))
 
 
-def _checksum(ids_text: str, meta_text: str, arrays: Dict[str, np.ndarray]) -> str:
+PIECE = 32 << 20   # bytes a CRC-32 covers (pieces are checksummed in parallel)
+# safetensors' dtype names of what snapshots hold
+_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32", mx.int32: "I32", mx.uint32: "U32",
+           mx.int64: "I64", mx.uint64: "U64", mx.int16: "I16", mx.uint16: "U16", mx.int8: "I8",
+           mx.uint8: "U8", mx.bool_: "BOOL"}
+_pool: Optional[ThreadPoolExecutor] = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="mtp-chat-crc")
+    return _pool
+
+
+Host = Dict[str, Tuple[str, Tuple[int, ...], memoryview]]   # name -> (dtype, shape, contiguous bytes)
+
+
+def prepare(arrays: Dict[str, mx.array]) -> Host:
+    """Arrays as contiguous host bytes (an MLX copy where an array is a view into a larger
+    buffer, e.g. a KV cache's valid part): what checksumming and writing read, without MLX.
+    Runs MLX, so on the model's thread; the bytes may then go to any thread."""
+    for a in arrays.values():
+        if a.dtype not in _DTYPES:
+            raise TypeError(f"a snapshot array of dtype {a.dtype} cannot be stored")
+    own = {name: mx.contiguous(a) for name, a in arrays.items()}
+    mx.eval(list(own.values()))
+    # memoryview keeps its array alive; on CUDA the first host access moves the copy to unified
+    # memory here, on the model's thread (the live caches' buffers are not touched)
+    return {name: (_DTYPES[a.dtype], tuple(a.shape), memoryview(a).cast("B")) for name, a in own.items()}
+
+
+def _checksum(ids_text: str, meta_text: str, host: Host) -> str:
+    pieces = [(name, i) for name in sorted(host) for i in range(0, max(1, host[name][2].nbytes), PIECE)]
+    crcs = list(_crc_pool().map(lambda p: zlib.crc32(host[p[0]][2][p[1]:p[1] + PIECE]), pieces))
     h = hashlib.blake2b(digest_size=20)
     h.update(ids_text.encode() + b"\0" + meta_text.encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(b"\0" + name.encode() + b"\0" + str(a.dtype).encode() + str(a.shape).encode())
-        h.update(a.view(np.uint8).reshape(-1).data)
+    for name in sorted(host):
+        dtype, shape, _ = host[name]
+        h.update(b"\0" + name.encode() + b"\0" + dtype.encode() + str(shape).encode())
+    for crc in crcs:
+        h.update(crc.to_bytes(4, "little"))
     return h.hexdigest()
 
 
-def _as_numpy(a: mx.array) -> np.ndarray:
-    # numpy has no bfloat16: hash such arrays through their raw 16-bit pattern
-    if a.dtype == mx.bfloat16:
-        return np.array(a.view(mx.uint16))
-    return np.array(a)
+def _write_safetensors(path: Path, host: Host, metadata: Dict[str, str]) -> None:
+    """The safetensors layout (8-byte header length, JSON header, the arrays' bytes), written
+    straight from host memory and fsynced: file writes release the GIL, mx.save does the same
+    from MLX arrays but belongs on the model's thread."""
+    header: dict = {"__metadata__": metadata}
+    at = 0
+    for name, (dtype, shape, data) in host.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + data.nbytes]}
+        at += data.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for _, _, data in host.values():
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @dataclass
@@ -135,8 +194,9 @@ class Entry:
 class DiskCache:
     """Snapshots of one model on disk: store, find the longest stored prefix, load, evict.
 
-    Thread-safe. `store` may run on a background thread (the arrays it gets must be evaluated);
-    `load` returns the arrays as MLX arrays read from the file."""
+    Thread-safe. `store` writes on the caller's thread, `store_soon` on the cache's writer
+    thread (both prepare the arrays on the caller's, which must own the model); `load`
+    returns the arrays as MLX arrays read from the file."""
 
     def __init__(self, root: Path, identity: str, budget_bytes: int, ttl_seconds: float,
                  say: Callable[[str], None] = log.warning):
@@ -150,6 +210,8 @@ class DiskCache:
         self._said_too_big = False
         self._lock = threading.Lock()
         self._entries: Dict[Tuple[int, ...], Entry] = {}
+        self._writer: Optional[ThreadPoolExecutor] = None   # store_soon's thread, made on first use
+        self._future: Optional[Future] = None
         self.hits = self.misses = self.writes = self.dropped = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -224,31 +286,69 @@ class DiskCache:
 
     # --- write ----------------------------------------------------------------------------
     def store(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict) -> bool:
-        """Write one snapshot (arrays evaluated, holding only valid data); False if not written."""
+        """Write one snapshot (its valid data) on this thread; False if not written."""
+        return self._write(tuple(int(t) for t in ids), self._prepared(ids, arrays), meta)
+
+    def store_soon(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict,
+                   done: Optional[Callable[[], None]] = None) -> bool:
+        """`store` with the checksum and the file on the writer thread: this thread (the model's)
+        only copies the arrays to host memory. One write at a time: False, and nothing started,
+        while one is under way (or when this snapshot is not to be written). `done()` runs on
+        the writer thread when the write ends, whatever its outcome."""
+        if self.writing:
+            return False
+        ids = tuple(int(t) for t in ids)
+        host = self._prepared(ids, arrays)
+        if host is None:
+            return False
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtp-chat-disk-cache")
+
+        def write() -> bool:
+            try:
+                return self._write(ids, host, meta)
+            except Exception as exc:  # noqa: BLE001 - a failed write loses that entry, never the server
+                self._off(f"{type(exc).__name__}: {exc}")
+                return False
+        self._future = self._writer.submit(write)
+        if done is not None:   # called once `writing` is False again
+            self._future.add_done_callback(lambda _: done())
+        return True
+
+    @property
+    def writing(self) -> bool:
+        return self._future is not None and not self._future.done()
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Until the write under way (if any) has ended."""
+        if self._future is not None:
+            self._future.exception(timeout)
+
+    def _prepared(self, ids: Sequence[int], arrays: Dict[str, mx.array]) -> Optional[Host]:
         ids = tuple(int(t) for t in ids)
         if not self.writable or ids in self._entries:
-            return False
+            return None
         size = sum(a.nbytes for a in arrays.values())
         if size > self.budget_bytes:
             if not self._said_too_big:
                 self._said_too_big = True
                 self.say(f"prefix cache on disk: a snapshot of {size / 2**20:.1f} MiB is larger than the whole "
                          f"budget ({self.budget_bytes / 2**20:.1f} MiB); such snapshots stay in memory only")
+            return None
+        return prepare(arrays)
+
+    def _write(self, ids: Tuple[int, ...], host: Optional[Host], meta: dict) -> bool:
+        if host is None or not self.writable:
             return False
         ids_text, meta_text = _ids_text(ids), json.dumps(meta, sort_keys=True)
-        checksum = _checksum(ids_text, meta_text, {k: _as_numpy(v) for k, v in arrays.items()})
+        checksum = _checksum(ids_text, meta_text, host)
         stem = hashlib.sha256(ids_text.encode()).hexdigest()[:32]
         final = self.dir / (stem + SUFFIX)
         tmp = self.dir / f"{stem}.{os.getpid()}.{threading.get_ident()}{TMP}"
         metadata = {"format": FORMAT, "model": self.identity, "ids": ids_text, "meta": meta_text,
                     "checksum": checksum, "created": str(time.time())}
         try:
-            mx.save_safetensors(str(tmp), arrays, metadata=metadata)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_safetensors(tmp, host, metadata)
             os.replace(tmp, final)
             dfd = os.open(self.dir, os.O_RDONLY)
             try:
@@ -296,9 +396,7 @@ class DiskCache:
                 raise Refused("written for another model or format")
             if _ids_from(metadata["ids"]) != entry.ids:
                 raise Refused("its ids do not match its index entry")
-            mx.eval(arrays)
-            if _checksum(metadata["ids"], metadata["meta"], {k: _as_numpy(v) for k, v in arrays.items()}) \
-                    != metadata.get("checksum"):
+            if _checksum(metadata["ids"], metadata["meta"], prepare(arrays)) != metadata.get("checksum"):
                 raise Refused("checksum mismatch (corrupted)")
             meta = json.loads(metadata["meta"])
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with a file, it is not loaded

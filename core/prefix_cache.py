@@ -66,8 +66,9 @@ HIDDEN = "snapshot.hidden"  # the hidden's name among a snapshot's arrays on dis
 class PrefixCache:
     """Snapshots of recent prompts within a memory budget (least recently used go first), and
     optionally on disk (`disk`, a core.disk_cache.DiskCache). `defer(fn)` schedules a disk
-    write (the app: in the model thread's idle time); None writes at once. Writes and loads run
-    MLX, so both belong on the thread that owns the model."""
+    write (the app: in the model thread's idle time, the file on the disk cache's writer thread);
+    None writes at once. `spill`, `flush` and loads run MLX, so they belong on the thread that
+    owns the model."""
 
     def __init__(self, budget_bytes: int, disk=None, defer: Optional[Callable[[Callable[[], int]], None]] = None):
         self.budget_bytes = int(budget_bytes)
@@ -126,17 +127,41 @@ class PrefixCache:
 
     # --- disk ---------------------------------------------------------------------------------
     def spill(self) -> int:
-        """Write the snapshots not yet on disk; returns how many were written."""
+        """Write the snapshots not yet on disk; returns how many were written or handed over.
+        With `defer` (the app), only copying a snapshot to host memory runs here (the model's
+        thread, in its idle time) and the writer thread does the rest, one snapshot at a time:
+        when it is done it defers the next spill. Without, everything is written now."""
+        done = 0
+        while True:
+            with self._lock:
+                if not self._pending or (self.defer is not None and self.disk.writing):
+                    return done
+                snap = self._pending.popleft()
+            arrays, meta = self._disk_form(snap)
+            if self.defer is None:
+                done += bool(self.disk.store(snap.ids, arrays, meta))
+            else:
+                done += self.disk.store_soon(snap.ids, arrays, meta, done=lambda: self.defer(self.spill))
+
+    def flush(self, timeout: Optional[float] = None) -> int:
+        """At shutdown: the write under way ends, then every snapshot still waiting is written
+        on this thread (the model's); returns how many."""
+        if self.disk is None:
+            return 0
+        self.disk.wait(timeout)
         written = 0
         while True:
             with self._lock:
                 if not self._pending:
                     return written
                 snap = self._pending.popleft()
-            arrays = {name: snap.state.valid(name) for name in snap.state.arrays}
-            arrays[HIDDEN] = snap.hidden
-            mx.eval(arrays)
-            written += bool(self.disk.store(snap.ids, arrays, dict(snap.state.meta)))
+            written += bool(self.disk.store(snap.ids, *self._disk_form(snap)))
+
+    @staticmethod
+    def _disk_form(snap: Snapshot):
+        arrays = {name: snap.state.valid(name) for name in snap.state.arrays}
+        arrays[HIDDEN] = snap.hidden
+        return arrays, dict(snap.state.meta)
 
     def _load(self, entry) -> Optional[Snapshot]:
         got = self.disk.load(entry)   # None: it failed its checks, was logged and removed

@@ -3,6 +3,7 @@
 (The restart of a real server, turn 11 after 10 turns, is in tests/test_disk_restart.py.)
 """
 import os
+import threading
 import signal
 import subprocess
 import sys
@@ -169,3 +170,54 @@ def test_clear_all_and_model_identity(tmp_path, tiny_model_dir):
     assert files == 1 and nbytes > 0 and not any(tmp_path.iterdir())
     a = model_identity(tiny_model_dir, ["float32"])
     assert a == model_identity(tiny_model_dir, ["float32"]) != model_identity(tiny_model_dir, ["bfloat16"])
+
+
+def test_the_writer_thread_writes_while_the_model_thread_goes_on(tmp_path, monkeypatch):
+    """store_soon: the caller (the model's thread) only prepares the snapshot; the checksum and the
+    file happen on the writer thread, one write at a time. While a write is held mid-file, the
+    caller reads entries and spills nothing more; when it ends, `done` defers the next spill; a
+    flush at shutdown writes the rest; every entry then loads bit for bit."""
+    from core import disk_cache
+    from core.model import State
+    from core.prefix_cache import PrefixCache, Snapshot
+
+    dc, said = cache(tmp_path)
+    dc.store(tuple(range(500, 520)), arrays(9), {})    # an entry already there, read mid-write
+    entered, release, writers = threading.Event(), threading.Event(), []
+    real = disk_cache._write_safetensors
+
+    def held_write(path, host, metadata):
+        writers.append(threading.current_thread().name)
+        entered.set()
+        assert release.wait(30)
+        real(path, host, metadata)
+    monkeypatch.setattr(disk_cache, "_write_safetensors", held_write)
+    deferred = []
+    pc = PrefixCache(2**30, disk=dc, defer=deferred.append)
+    # snapshots whose arrays are views into longer buffers, as a KV cache's valid part is
+    snaps = []
+    for k in range(3):
+        a = arrays(k, n=96)
+        state = State({name: v for name, v in a.items()}, {"trunk.0.keys.length": 64, "draft.values.length": 63})
+        snaps.append(Snapshot(tuple(range(k * 100, k * 100 + 64)), state, mx.ones((1, 1, 8))))
+    for s in snaps:
+        pc.store(s)
+    assert len(deferred) == 3 and len(pc._pending) == 3
+    assert pc.spill() == 1 and entered.wait(30)        # the first write is under way, held inside its file
+    assert writers == ["mtp-chat-disk-cache_0"] and dc.writing
+    assert pc.spill() == 0 and len(pc._pending) == 2   # one write at a time: the others wait
+    e = dc.longest(tuple(range(500, 521)))             # the model's thread keeps reading
+    assert e is not None and dc.load(e) is not None
+    release.set()
+    dc.wait(30)
+    assert not dc.writing and len(deferred) == 4       # the ended write deferred the next spill
+    assert deferred[-1]() == 1                         # ... which hands over the second
+    assert pc.flush(30) == 1 and not pc._pending       # shutdown: the second ends, the third is written here
+    assert writers == ["mtp-chat-disk-cache_0"] * 2 + [threading.current_thread().name]
+    for s in snaps:
+        e = dc.longest(s.ids + (1,))
+        got_ids, got, meta = dc.load(e)
+        assert got_ids == s.ids and meta == dict(s.state.meta)
+        for name in s.state.arrays:
+            assert mx.array_equal(got[name], s.state.valid(name)).item(), name
+    assert said == []

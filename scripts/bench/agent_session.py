@@ -316,6 +316,9 @@ def one_turn(client, model_id: str, system: str, messages: list, choice: dict, m
     return {"prompt_tokens": use.input_tokens + cached, "cached_tokens": cached, "prefilled_tokens": use.input_tokens,
             "output_tokens": use.output_tokens, "ttft_s": mtp.get("ttft"), "prefill_s": mtp.get("prefill_seconds"),
             "wall_s": time.perf_counter() - t0, "stop_reason": reply.stop_reason,
+            # the reply's own compute; the rest of the wall time is waiting (the server's queue, e.g.
+            # behind a prefix-cache write, and HTTP), which a client's time to first token includes
+            "compute_s": mtp.get("compute_seconds"),
             "content": [block.model_dump(exclude_none=True) for block in reply.content]}
 
 
@@ -363,12 +366,14 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
             else:
                 row["new_tokens"] = row["prompt_tokens"]
             row["prefilled_over_new"] = row["prefilled_tokens"] / max(1, row["new_tokens"])
+            if row["compute_s"] is not None:
+                row["waited_s"] = round(row["wall_s"] - row["compute_s"], 4)
             row["turn"] = turn
             rows.append(row)
             say(f"{name} turn {turn}: prompt {row['prompt_tokens']}, cached "
                 f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
                 f"(x{row['prefilled_over_new']:.2f}), ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
-                f"wall {row['wall_s']:.1f} s, {row['stop_reason']}")
+                f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s), {row['stop_reason']}")
             progress(rows)
             sizes = args.result_tokens
             messages = next_messages(messages, row, int(cpt * sizes[(turn - 1) % len(sizes)]), turn)

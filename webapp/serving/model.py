@@ -126,7 +126,7 @@ class ModelHost:
     def flush_cache(self, timeout: float = 10.0) -> None:
         """Write the snapshots still waiting for idle time to disk (at shutdown)."""
         if self.prefix_cache is not None and self.prefix_cache.disk is not None:
-            self.worker.later(self.prefix_cache.spill).result(timeout)
+            self.worker.later(self.prefix_cache.flush, timeout).result(2 * timeout)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print, load=None) -> "ModelHost":
