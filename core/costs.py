@@ -122,16 +122,44 @@ class DepthPolicy:
     started before its calibration finished switches to the measured model when it lands.
     Until then 'auto' drafts at UNMEASURED_DEPTH, the cheapest speculation (a cycle at depth 1
     costs the least when the head turns out to be poor).
+
+    Cycle costs come from the reply's own cycles once it has run enough of them (`observe`):
+    a start-up calibration on a GPU came out wrong in both directions (ninth session, H200: the
+    demo's depth-3 cycle priced 12 % too dear, the 35B-A3B shape's depth-1 cycle at half its
+    real cost), while a reply's cycles are what speculation really costs now, at this context.
+    A depth observed OBSERVED_AFTER times is priced by its running mean over the calibration's
+    AR step; the others by the calibration scaled as the observed depths are (its bias).
     """
 
     PROBE_EVERY = 16
     UNMEASURED_DEPTH = 1
+    OBSERVED_AFTER = 8      # cycles at a depth before their mean replaces the calibration's price
+    OBSERVED_WEIGHT = 1 / 16   # a running mean that follows the context's growth
 
     def __init__(self, depth, max_depth: int, costs: Union[None, Costs, Callable[[], Optional[Costs]]]):
         self.auto = depth == "auto"
         self.depth = max_depth if self.auto else int(depth)
         self._costs = costs
         self._ar_steps = 0
+        self.seen: Dict[int, List[float]] = {}   # depth -> [cycles observed, mean seconds]
+
+    def observe(self, depth: int, seconds: Optional[float]) -> None:
+        """One cycle the reply ran at `depth` (> 0), wall seconds from its start to its end
+        (None: a cycle timed phase by phase, slower than the others, is left out)."""
+        if not self.auto or depth <= 0 or seconds is None:
+            return
+        n, mean = self.seen.get(depth, (0, 0.0))
+        w = max(1.0 / (n + 1), self.OBSERVED_WEIGHT)
+        self.seen[depth] = [n + 1, mean + w * (seconds - mean)]
+
+    def priced(self, costs: Costs) -> Costs:
+        """`costs` with the cycles this reply observed (see the class note)."""
+        known = {d: mean / costs.ar_step_seconds for d, (n, mean) in self.seen.items() if n >= self.OBSERVED_AFTER}
+        if not known or costs.ar_step_seconds <= 0:
+            return costs
+        bias = sorted(c / costs.cycle(d) for d, c in known.items())[len(known) // 2]
+        deepest = max(costs.verify) - 1
+        return replace(costs, cycles={d: known.get(d, costs.cycle(d) * bias) for d in range(1, deepest + 1)})
 
     @property
     def costs(self) -> Optional[Costs]:
@@ -150,7 +178,11 @@ class DepthPolicy:
         `batch`: the sequences decoding together (core/batch.py), priced by Costs.at_batch."""
         costs = self.costs
         if costs is not None:
-            costs = costs.at_batch(batch)
+            # a reply's own cycles are observed alone; a batch's are priced by its measured sizes
+            costs = self.priced(costs) if batch <= 1 else costs.at_batch(batch)
+            if batch <= 1 and self.seen:
+                stats.observed_cycle_costs = {d: round(mean / costs.ar_step_seconds, 4)
+                                              for d, (n, mean) in sorted(self.seen.items()) if n >= self.OBSERVED_AFTER}
         if costs is None:
             return (min(self.UNMEASURED_DEPTH, self.depth) if self.auto else self.depth), None
         acc = self.acceptance(stats)

@@ -172,7 +172,7 @@ class SpeculativeDecoder(Lane):
                 c.advance([pending])
             produced += len(tokens)
             wf.mark("commit", feed_h, feed_t, *ad.state_arrays(cache, draft))
-            wf.end()
+            policy.observe(depth, wf.end())   # what this depth really costs, for 'auto'
             yield tokens, origins, logits[0, : n + 1]
 
 

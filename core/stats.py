@@ -26,6 +26,7 @@ class GenerationStats:
     compute_seconds: float = 0.0  # the lane's own clock: time inside the generator only
     time_to_first_token: float = 0.0
     predicted_speedup: Optional[float] = None  # cost model: tokens/cycle over cycle cost, vs AR
+    observed_cycle_costs: Dict[int, float] = field(default_factory=dict)  # depth -> AR steps, from this reply's cycles ('auto')
     finish_reason: Optional[str] = None
     waterfall: Dict[str, float] = field(default_factory=dict)  # seconds per part (core/waterfall.py)
 

@@ -18,7 +18,7 @@ most 2.0 % and 0.5 %.
 from __future__ import annotations
 
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import mlx.core as mx
 
@@ -56,14 +56,18 @@ class Waterfall:
         self._phases[part] += now - self._t
         self._t = now
 
-    def end(self) -> None:
+    def end(self) -> Optional[float]:
+        """Close the cycle: its seconds, or None for a cycle timed phase by phase (its syncs
+        made it slower than the others)."""
         now = time.perf_counter()
         self._cycle_seconds += now - self._t0
-        if self._on:
+        timed, self._on = self._on, False
+        if timed:
             self._phases["host"] += now - self._t   # after the last mark: bookkeeping
             self._sampled_seconds += now - self._t0
             self.sampled += 1
-        self._on = False
+            return None
+        return now - self._t0
 
     def cycle_seconds(self):
         """(seconds, count) of the timed cycles and of the others: what a timed cycle costs

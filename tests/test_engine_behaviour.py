@@ -6,8 +6,8 @@ import pytest
 
 import core.stream
 from adapters import load_adapter
-from core import (AutoregressiveDecoder, Costs, NonFiniteLogitsError, SamplerConfig, SpeculativeDecoder,
-                  chat_prompt_ids, measure_costs)
+from core import (AutoregressiveDecoder, Costs, DepthPolicy, NonFiniteLogitsError, SamplerConfig,
+                  SpeculativeDecoder, chat_prompt_ids, measure_costs)
 from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
 from tests._ties import assert_greedy_equal
 
@@ -157,11 +157,14 @@ def test_depth_validation(adapter):
             SpeculativeDecoder(adapter, depth=bad)
 
 
-def test_auto_depth_prices_out_a_useless_head_and_stays_exact(tiny_checkpoint, adapter):
+def test_auto_depth_prices_out_a_useless_head_and_stays_exact(tiny_checkpoint, adapter, monkeypatch):
     useless = load_adapter(tiny_checkpoint(bits=None, seed=5))  # random head: ~0% acceptance
     ar, _ = AutoregressiveDecoder(useless, sampler=GREEDY).generate([5, 6, 7], max_tokens=80)
     decoder = SpeculativeDecoder(useless, sampler=GREEDY, depth="auto")
     decoder.costs = TYPICAL_COSTS  # measured costs vary with machine load; the policy is what is tested
+    # ... on these costs alone: the reply's own cycles would be priced against TYPICAL_COSTS' AR step
+    # (tests/test_engine_behaviour.py::test_auto_prices_depths_by_the_cycles_the_reply_runs tests that)
+    monkeypatch.setattr(DepthPolicy, "OBSERVED_AFTER", 10**9)
     ids, stats = decoder.generate([5, 6, 7], max_tokens=80)
     assert_greedy_equal(useless, [5, 6, 7], ids, ar)
     assert stats.mtp_active is False
@@ -183,6 +186,38 @@ def test_auto_depth_keeps_speculating_when_it_pays(tiny_checkpoint):
     ar, _ = AutoregressiveDecoder(sure, sampler=GREEDY).generate([5, 6, 7], max_tokens=80)
     assert_greedy_equal(sure, [5, 6, 7], ids, ar)
     assert stats.acceptance_rate > 0.9 and stats.mtp_active and stats.depth >= 1
+    # its own cycles priced the depths it ran (in AR steps of the given costs)
+    assert stats.observed_cycle_costs and all(c > 0 for c in stats.observed_cycle_costs.values())
+
+
+def test_auto_prices_depths_by_the_cycles_the_reply_runs():
+    """A calibration that prices cycles wrong is corrected by the reply's own: a depth run
+    OBSERVED_AFTER times is priced by its cycles' running mean over the AR step, the others by the
+    calibration times the same bias; cycles timed phase by phase, batches and fixed depths are
+    left as they were."""
+    from core.stats import GenerationStats
+
+    stats = GenerationStats(mode="mtp", proposed_per_depth=[100, 100, 100], accepted_per_depth=[90, 90, 90])
+    # acceptance (90 + 4) / (100 + 5) a depth; calibrated cycles from the parts: 1.4 / 1.8 / 2.2
+    tokens = {1: 1 + 94 / 105, 2: 1 + 94 / 105 + (94 / 105) ** 2, 3: 1 + 94 / 105 + (94 / 105) ** 2 + (94 / 105) ** 3}
+    policy = DepthPolicy("auto", 3, TYPICAL_COSTS)
+    assert policy.best(stats) == (3, pytest.approx(tokens[3] / 2.2))
+    for _ in range(DepthPolicy.OBSERVED_AFTER - 1):
+        policy.observe(3, 2 * 2.2 * TYPICAL_COSTS.ar_step_seconds)   # twice what the calibration says
+        policy.observe(3, None)                                        # a cycle timed phase by phase
+    assert policy.best(stats) == (3, pytest.approx(tokens[3] / 2.2)) and stats.observed_cycle_costs == {}
+    policy.observe(3, 2 * 2.2 * TYPICAL_COSTS.ar_step_seconds)
+    assert policy.best(stats) == (0, 1.0)                              # every depth now costs twice: AR pays
+    assert stats.observed_cycle_costs == {3: pytest.approx(4.4)}
+    assert policy.best(stats, batch=2)[0] == 3                          # a batch keeps its measured prices
+
+    cheap = DepthPolicy("auto", 3, TYPICAL_COSTS)
+    for _ in range(DepthPolicy.OBSERVED_AFTER):
+        cheap.observe(1, 0.7 * 1.4 * TYPICAL_COSTS.ar_step_seconds)
+    assert cheap.best(stats) == (3, pytest.approx(tokens[3] / (0.7 * 2.2)))   # the bias carried to depth 3
+    fixed = DepthPolicy(2, 3, TYPICAL_COSTS)
+    fixed.observe(2, 1.0)
+    assert fixed.seen == {}
 
 
 def test_chat_prompt_ids_uses_the_template_and_flattens_gradio_blocks(adapter):

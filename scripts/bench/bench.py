@@ -206,8 +206,13 @@ def main(argv=None) -> int:
         report["ar_vs_mlx_lm"] = statistics.median(
             a["tokens_per_second"] / m["tokens_per_second"] for a, m in zip(runs["ar"], runs["mlx_lm"])
         )
+    # What a cycle really cost in these replies, in AR tokens of the paired AR run (issue 32 item 4:
+    # the calibration's cycle against the decoding's own): decode seconds over cycles, times AR tok/s.
+    observed = [m["decode_seconds"] / ((m["tokens"] - 1) / m["tokens_per_cycle"]) * a["tokens_per_second"]
+                for m, a in zip(runs["mtp"], runs["ar"]) if m["tokens_per_cycle"] and m["tokens"] > 1]
     report["cost_model"] = {
         **costs.as_dict(),
+        "cycle_observed_in_ar_tokens": statistics.median(observed) if observed else None,
         "expected_tokens_per_cycle": expected_tokens(acc_depth, used_depth) if acc_depth else None,
         "predicted_speedup": predicted_speedup(costs, acc_depth, used_depth) if acc_depth else None,
     }
@@ -225,6 +230,8 @@ def main(argv=None) -> int:
         "predicted_speedup": report["cost_model"]["predicted_speedup"],
         "verify_costs": report["cost_model"]["verify_width"],
         "mtp_step_cost": report["cost_model"]["mtp_step"],
+        "cycle_calibrated_vs_observed": [report["cost_model"]["cycle"].get(str(used_depth)),
+                                         report["cost_model"]["cycle_observed_in_ar_tokens"]],
     })
     print(json.dumps(summary, indent=2))
     return 0
