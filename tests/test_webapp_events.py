@@ -94,6 +94,25 @@ def test_chat_stop_while_queued_and_closing_the_generator(chat):
     assert not chat.stops.busy("queued-session:chat")
 
 
+def test_a_reply_taken_back_saves_nothing_after_it(chat):
+    """The page saves the chat after every reply; after one that Clear or Undo took back, that
+    save is skipped (theirs, after `settle`, is the one that counts: this one could carry the
+    withdrawn exchange and land last). The next reply saves again."""
+    import gradio as gr
+
+    req = Req("save-session")
+    msg, hist = chat.submit(LONG_PROMPT, [], req)
+    gen = chat.respond(hist, "ar", "", max_tokens=1000, request=req, **GREEDY)
+    shown = next(gen)
+    chat.clear_and_stop(req)                           # Clear mid-reply: the reply is withdrawn
+    rest = list(gen)
+    assert rest == [] and chat.settle(req) == []       # it shows nothing more; settle puts Clear's result
+    assert isinstance(chat.save_reply(shown, req), type(gr.skip()))
+    msg, hist = chat.submit("hello", [], req)          # a new reply is saved as usual
+    done = list(chat.respond(hist, "ar", "", max_tokens=5, request=req, **GREEDY))[-1]
+    assert chat.save_reply(done, req) == done
+
+
 def test_closing_the_tab_forgets_a_reply_withdrawn_before_it_settled(host):
     """Clear keeps the withdrawn reply for `settle`; a tab closed first must not keep it for ever."""
     demo = build_app(host, runtime="test runtime")

@@ -173,6 +173,33 @@ def test_stop_registry_arm_claim_stop_release():
     assert not r.arm("s2:chat").is_set()
 
 
+def test_stop_registry_tab_closed_while_queued_leaves_nothing():
+    # the page's queue drops a closed tab's waiting replies, so their armed entries never get a release
+    r = StopRegistry()
+    chat, race = r.arm("s1:chat"), r.arm("s1:race")
+    other = r.arm("s2:chat")
+    assert r.stop_session("s1") == 2 and chat.is_set() and race.is_set()
+    assert not r.busy("s1:chat") and not r.busy("s1:race")
+    assert not any(k.startswith("s1:") for k in r._current)
+    assert r.busy("s2:chat") and not other.is_set()     # another tab's queued reply is untouched
+    # the page's queue drops the closed tab's events a little after the unload: one that started
+    # in between starts stopped, not running for nobody
+    assert r.claim("s1:chat").is_set() and not r.claim("s2:chat").is_set()
+
+
+def test_stop_registry_tab_closed_while_running_still_releases():
+    r = StopRegistry()
+    r.arm("s1:chat")
+    running = r.claim("s1:chat")
+    assert r.stop_session("s1") == 1 and running.is_set()
+    assert r.holds("s1:chat", running)                  # the running reply still owns its entry...
+    r.release("s1:chat", running)                       # ...until its generator ends
+    assert not r.busy("s1:chat")
+    newer = r.arm("s1:chat")                            # a late release of an old reply
+    r.release("s1:chat", running)                       # never removes a newer one
+    assert r.holds("s1:chat", newer)
+
+
 # --- history handling ----------------------------------------------------------------------
 def test_history_is_cleaned_to_text_and_stats_never_reach_the_prompt():
     hist = [

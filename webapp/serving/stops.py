@@ -11,8 +11,11 @@ taken back, so it shows nothing more.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, Optional
+
+CLOSED_KEPT = 4096   # sessions remembered as closed: bounded, so a closed tab leaves nothing for good
 
 
 class StopEvent(threading.Event):
@@ -30,12 +33,16 @@ class StopRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._current: Dict[str, _Entry] = {}
+        # Closed tabs' sessions, newest last: a queued request the page's queue had not yet
+        # dropped when the tab closed starts stopped instead of running for nobody.
+        self._closed: "OrderedDict[str, None]" = OrderedDict()
         self.closing: Optional[str] = None    # why everything was stopped (shutdown), once it was
 
     def arm(self, session: Optional[str]) -> StopEvent:
         with self._lock:
             entry = _Entry()
             self._current[session or ""] = entry
+            self._closed.pop((session or "").split(":", 1)[0], None)   # a page arming is open
             return entry.event
 
     def claim(self, session: Optional[str]) -> StopEvent:
@@ -46,7 +53,7 @@ class StopRegistry:
                 entry = _Entry()
                 self._current[key] = entry
             entry.claimed = True
-            if self.closing:
+            if self.closing or key.split(":", 1)[0] in self._closed:
                 entry.event.set()
             return entry.event
 
@@ -63,12 +70,19 @@ class StopRegistry:
             return entry.event
 
     def stop_session(self, session: Optional[str]) -> int:
-        """Set every stop event of a session (all its tabs' keys ``session:...``): tab closed."""
+        """Set every stop event of a session (all its tabs' keys ``session:...``): tab closed.
+        A running request still releases its own entry when it ends; a queued one never starts
+        (the queue drops a closed page's waiting events), so nothing would release it: dropped here."""
         prefix = (session or "") + ":"
         with self._lock:
-            hits = [e for k, e in self._current.items() if k.startswith(prefix)]
-            for e in hits:
+            self._closed[session or ""] = None
+            while len(self._closed) > CLOSED_KEPT:
+                self._closed.popitem(last=False)
+            hits = [(k, e) for k, e in self._current.items() if k.startswith(prefix)]
+            for k, e in hits:
                 e.event.set()
+                if not e.claimed:
+                    del self._current[k]
             return len(hits)
 
     def stop_all(self, reason: str) -> int:

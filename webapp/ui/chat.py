@@ -160,6 +160,7 @@ class ChatHandlers:
         self.host = host
         self.stops = stops
         self.settled: Dict[str, Tuple[Any, List[dict]]] = {}   # session -> (withdrawn reply, what to show)
+        self.taken_back: set = set()   # sessions whose last reply Clear/Undo took back (its save is theirs)
         self.update_interval = update_interval
 
     def key(self, request) -> str:
@@ -238,6 +239,7 @@ class ChatHandlers:
         """A new reply: Stop from now on stops it, and a Clear/Undo before it has nothing left to settle."""
         key = self.key(request)
         self.settled.pop(key, None)
+        self.taken_back.discard(key)
         self.stops.arm(key)
 
     def undo(self, history) -> Tuple[List[dict], str]:
@@ -295,6 +297,17 @@ class ChatHandlers:
     def forget(self, request) -> None:
         """Tab closed (the page's unload): no settle step comes for its withdrawn reply any more."""
         self.settled.pop(self.key(request), None)
+        self.taken_back.discard(self.key(request))
+
+    def save_reply(self, history, request: gr.Request = None):
+        """What the page saves after a reply: the chat, unless Clear or Undo took the reply back.
+        Then their own save (after `settle`) is the one that counts; this one, asked for when the
+        reply ended, could carry the withdrawn exchange and land last (CI, 2026-12-03)."""
+        key = self.key(request)
+        if key in self.taken_back:
+            self.taken_back.discard(key)
+            return gr.skip()
+        return history
 
     def stop(self, request: gr.Request = None) -> None:
         self.stops.stop(self.key(request))
@@ -316,6 +329,8 @@ class ChatHandlers:
                         return
                     yield update
         finally:
+            if stop.withdrawn:
+                self.taken_back.add(key)
             self.stops.release(key, stop)
 
     def _reply(self, stop, problem, history, mode, system_prompt, temperature, top_p, top_k, min_p,

@@ -22,7 +22,7 @@ from ..serving.params import depth_choices  # noqa: E402
 from .pictures import limits_text  # noqa: E402
 from .race import DEFAULT_REPEATS, MAX_REPEATS, RaceHandlers  # noqa: E402
 from .refusals import quiet_input_errors  # noqa: E402
-from .render import CSS, esc  # noqa: E402
+from .render import esc  # noqa: E402
 from ..serving.stops import StopRegistry  # noqa: E402
 
 MODEL_QUEUE = dict(concurrency_id="model", concurrency_limit=1)
@@ -167,7 +167,11 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
         # --- chat events ----------------------------------------------------------------
         respond_args = dict(fn=chat.respond, inputs=[chatbot, mode, system] + sampler + [thinking], outputs=chatbot,
                             show_progress="full", **queue)
-        save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=False, api_visibility="private")
+        # Saves go through the queue, one at a time in the order they were asked for (as plain
+        # requests two could be answered in the other order on a busy machine); a reply that Clear
+        # or Undo took back saves nothing (chat.save_reply): their own save is the one that counts.
+        save = dict(fn=lambda h: h, inputs=chatbot, outputs=saved, queue=True, concurrency_id="save",
+                    concurrency_limit=1, show_progress="hidden", api_visibility="private")
 
         # .success: a refused message or regenerate queues no reply. The checks have no outputs
         # (a failed step covers its outputs, the whole conversation, with "Error").
@@ -179,7 +183,7 @@ def build_app(host: ModelHost, *, runtime: str | None = None) -> gr.Blocks:
                   api_visibility="private").success(
                 chat.prepare_regenerate, chatbot, chatbot, queue=False, api_visibility="private").success(
                 api_visibility="private", **respond_args)]:
-            reply.then(**save)
+            reply.then(**{**save, "fn": chat.save_reply})
         # Undo and Clear withdraw the reply in flight (chat.take_back): it shows nothing more,
         # and `settle` puts their result back after the reply's last update.
         settle = dict(fn=chat.settle, inputs=None, outputs=chatbot, **INSTANT, api_visibility="private")
