@@ -15,9 +15,11 @@ only holds what was measured and decides with it, so a request never waits for a
 from __future__ import annotations
 
 import math
+import statistics
 import weakref
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Deque, Dict, List, Optional, Union
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -127,35 +129,40 @@ class DepthPolicy:
     a start-up calibration on a GPU came out wrong in both directions (ninth session, H200: the
     demo's depth-3 cycle priced 12 % too dear, the 35B-A3B shape's depth-1 cycle at half its
     real cost), while a reply's cycles are what speculation really costs now, at this context.
-    A depth observed OBSERVED_AFTER times is priced by its running mean over the calibration's
-    AR step; the others by the calibration scaled as the observed depths are (its bias).
+    A depth observed OBSERVED_AFTER times is priced by the median of its last OBSERVED_KEPT
+    cycles over the calibration's AR step (a median: the first cycle at a depth can compile its
+    shapes and take many times the others); the others by the calibration scaled as the
+    observed depths are (its bias).
     """
 
     PROBE_EVERY = 16
     UNMEASURED_DEPTH = 1
-    OBSERVED_AFTER = 8      # cycles at a depth before their mean replaces the calibration's price
-    OBSERVED_WEIGHT = 1 / 16   # a running mean that follows the context's growth
+    OBSERVED_AFTER = 8      # cycles at a depth before they replace the calibration's price
+    OBSERVED_KEPT = 16      # the latest cycles a depth is priced by (they follow the context's growth)
 
     def __init__(self, depth, max_depth: int, costs: Union[None, Costs, Callable[[], Optional[Costs]]]):
         self.auto = depth == "auto"
         self.depth = max_depth if self.auto else int(depth)
         self._costs = costs
         self._ar_steps = 0
-        self.seen: Dict[int, List[float]] = {}   # depth -> [cycles observed, mean seconds]
+        self.seen: Dict[int, Deque[float]] = {}   # depth -> seconds of its latest cycles
 
     def observe(self, depth: int, seconds: Optional[float]) -> None:
         """One cycle the reply ran at `depth` (> 0), wall seconds from its start to its end
         (None: a cycle timed phase by phase, slower than the others, is left out)."""
         if not self.auto or depth <= 0 or seconds is None:
             return
-        n, mean = self.seen.get(depth, (0, 0.0))
-        w = max(1.0 / (n + 1), self.OBSERVED_WEIGHT)
-        self.seen[depth] = [n + 1, mean + w * (seconds - mean)]
+        self.seen.setdefault(depth, deque(maxlen=self.OBSERVED_KEPT)).append(seconds)
+
+    def observed(self, ar_step_seconds: float) -> Dict[int, float]:
+        """Depth -> its cycles' price in AR steps, for the depths run OBSERVED_AFTER times."""
+        return {d: statistics.median(ts) / ar_step_seconds for d, ts in sorted(self.seen.items())
+                if len(ts) >= self.OBSERVED_AFTER}
 
     def priced(self, costs: Costs) -> Costs:
         """`costs` with the cycles this reply observed (see the class note)."""
-        known = {d: mean / costs.ar_step_seconds for d, (n, mean) in self.seen.items() if n >= self.OBSERVED_AFTER}
-        if not known or costs.ar_step_seconds <= 0:
+        known = self.observed(costs.ar_step_seconds) if costs.ar_step_seconds > 0 else {}
+        if not known:
             return costs
         bias = sorted(c / costs.cycle(d) for d, c in known.items())[len(known) // 2]
         deepest = max(costs.verify) - 1
@@ -180,9 +187,8 @@ class DepthPolicy:
         if costs is not None:
             # a reply's own cycles are observed alone; a batch's are priced by its measured sizes
             costs = self.priced(costs) if batch <= 1 else costs.at_batch(batch)
-            if batch <= 1 and self.seen:
-                stats.observed_cycle_costs = {d: round(mean / costs.ar_step_seconds, 4)
-                                              for d, (n, mean) in sorted(self.seen.items()) if n >= self.OBSERVED_AFTER}
+            if batch <= 1 and self.seen and costs.ar_step_seconds > 0:
+                stats.observed_cycle_costs = {d: round(c, 4) for d, c in self.observed(costs.ar_step_seconds).items()}
         if costs is None:
             return (min(self.UNMEASURED_DEPTH, self.depth) if self.auto else self.depth), None
         acc = self.acceptance(stats)

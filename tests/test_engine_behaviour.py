@@ -192,9 +192,9 @@ def test_auto_depth_keeps_speculating_when_it_pays(tiny_checkpoint):
 
 def test_auto_prices_depths_by_the_cycles_the_reply_runs():
     """A calibration that prices cycles wrong is corrected by the reply's own: a depth run
-    OBSERVED_AFTER times is priced by its cycles' running mean over the AR step, the others by the
-    calibration times the same bias; cycles timed phase by phase, batches and fixed depths are
-    left as they were."""
+    OBSERVED_AFTER times is priced by its latest cycles' median over the AR step (one slow first
+    cycle changes nothing), the others by the calibration times the same bias; cycles timed phase
+    by phase, batches and fixed depths are left as they were."""
     from core.stats import GenerationStats
 
     stats = GenerationStats(mode="mtp", proposed_per_depth=[100, 100, 100], accepted_per_depth=[90, 90, 90])
@@ -212,6 +212,7 @@ def test_auto_prices_depths_by_the_cycles_the_reply_runs():
     assert policy.best(stats, batch=2)[0] == 3                          # a batch keeps its measured prices
 
     cheap = DepthPolicy("auto", 3, TYPICAL_COSTS)
+    cheap.observe(1, 100 * 1.4 * TYPICAL_COSTS.ar_step_seconds)       # a first cycle that compiled its shapes
     for _ in range(DepthPolicy.OBSERVED_AFTER):
         cheap.observe(1, 0.7 * 1.4 * TYPICAL_COSTS.ar_step_seconds)
     assert cheap.best(stats) == (3, pytest.approx(tokens[3] / (0.7 * 2.2)))   # the bias carried to depth 3
