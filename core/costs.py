@@ -159,9 +159,8 @@ class DepthPolicy:
         return {d: statistics.median(ts) / ar_step_seconds for d, ts in sorted(self.seen.items())
                 if len(ts) >= self.OBSERVED_AFTER}
 
-    def priced(self, costs: Costs) -> Costs:
-        """`costs` with the cycles this reply observed (see the class note)."""
-        known = self.observed(costs.ar_step_seconds) if costs.ar_step_seconds > 0 else {}
+    def priced(self, costs: Costs, known: Dict[int, float]) -> Costs:
+        """`costs` with the cycles this reply observed (`known`: `observed`; see the class note)."""
         if not known:
             return costs
         bias = sorted(c / costs.cycle(d) for d, c in known.items())[len(known) // 2]
@@ -186,9 +185,12 @@ class DepthPolicy:
         costs = self.costs
         if costs is not None:
             # a reply's own cycles are observed alone; a batch's are priced by its measured sizes
-            costs = self.priced(costs) if batch <= 1 else costs.at_batch(batch)
-            if batch <= 1 and self.seen and costs.ar_step_seconds > 0:
-                stats.observed_cycle_costs = {d: round(c, 4) for d, c in self.observed(costs.ar_step_seconds).items()}
+            if batch > 1:
+                costs = costs.at_batch(batch)
+            elif self.seen and costs.ar_step_seconds > 0:
+                known = self.observed(costs.ar_step_seconds)
+                costs = self.priced(costs, known)
+                stats.observed_cycle_costs = {d: round(c, 4) for d, c in known.items()}
         if costs is None:
             return (min(self.UNMEASURED_DEPTH, self.depth) if self.auto else self.depth), None
         acc = self.acceptance(stats)

@@ -287,7 +287,8 @@ class DiskCache:
     # --- write ----------------------------------------------------------------------------
     def store(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict) -> bool:
         """Write one snapshot (its valid data) on this thread; False if not written."""
-        return self._write(tuple(int(t) for t in ids), self._prepared(ids, arrays), meta)
+        ids = tuple(int(t) for t in ids)
+        return self._write(ids, self._prepared(ids, arrays), meta)
 
     def store_soon(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict,
                    done: Optional[Callable[[], None]] = None) -> bool:
@@ -324,8 +325,7 @@ class DiskCache:
         if self._future is not None:
             self._future.exception(timeout)
 
-    def _prepared(self, ids: Sequence[int], arrays: Dict[str, mx.array]) -> Optional[Host]:
-        ids = tuple(int(t) for t in ids)
+    def _prepared(self, ids: Tuple[int, ...], arrays: Dict[str, mx.array]) -> Optional[Host]:
         if not self.writable or ids in self._entries:
             return None
         size = sum(a.nbytes for a in arrays.values())

@@ -131,17 +131,7 @@ class PrefixCache:
         With `defer` (the app), only copying a snapshot to host memory runs here (the model's
         thread, in its idle time) and the writer thread does the rest, one snapshot at a time:
         when it is done it defers the next spill. Without, everything is written now."""
-        done = 0
-        while True:
-            with self._lock:
-                if not self._pending or (self.defer is not None and self.disk.writing):
-                    return done
-                snap = self._pending.popleft()
-            arrays, meta = self._disk_form(snap)
-            if self.defer is None:
-                done += bool(self.disk.store(snap.ids, arrays, meta))
-            else:
-                done += self.disk.store_soon(snap.ids, arrays, meta, done=lambda: self.defer(self.spill))
+        return self._spill(now=self.defer is None)
 
     def flush(self, timeout: Optional[float] = None) -> int:
         """At shutdown: the write under way ends, then every snapshot still waiting is written
@@ -149,19 +139,22 @@ class PrefixCache:
         if self.disk is None:
             return 0
         self.disk.wait(timeout)
-        written = 0
+        return self._spill(now=True)
+
+    def _spill(self, now: bool) -> int:
+        handed = 0
         while True:
             with self._lock:
-                if not self._pending:
-                    return written
+                if not self._pending or (not now and self.disk.writing):
+                    return handed
                 snap = self._pending.popleft()
-            written += bool(self.disk.store(snap.ids, *self._disk_form(snap)))
-
-    @staticmethod
-    def _disk_form(snap: Snapshot):
-        arrays = {name: snap.state.valid(name) for name in snap.state.arrays}
-        arrays[HIDDEN] = snap.hidden
-        return arrays, dict(snap.state.meta)
+            arrays = {name: snap.state.valid(name) for name in snap.state.arrays}
+            arrays[HIDDEN] = snap.hidden
+            meta = dict(snap.state.meta)
+            if now:
+                handed += bool(self.disk.store(snap.ids, arrays, meta))
+            else:
+                handed += self.disk.store_soon(snap.ids, arrays, meta, done=lambda: self.defer(self.spill))
 
     def _load(self, entry) -> Optional[Snapshot]:
         got = self.disk.load(entry)   # None: it failed its checks, was logged and removed

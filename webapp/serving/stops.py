@@ -18,6 +18,11 @@ from typing import Dict, Optional
 CLOSED_KEPT = 4096   # sessions remembered as closed: bounded, so a closed tab leaves nothing for good
 
 
+def _session(key: Optional[str]) -> str:
+    """The session of a key ``"<session>:<lane>"``."""
+    return (key or "").split(":", 1)[0]
+
+
 class StopEvent(threading.Event):
     """The engine's stop event; ``withdrawn`` once Clear or Undo took the reply back."""
     withdrawn = False
@@ -42,7 +47,7 @@ class StopRegistry:
         with self._lock:
             entry = _Entry()
             self._current[session or ""] = entry
-            self._closed.pop((session or "").split(":", 1)[0], None)   # a page arming is open
+            self._closed.pop(_session(session), None)   # a page arming is open
             return entry.event
 
     def claim(self, session: Optional[str]) -> StopEvent:
@@ -53,7 +58,7 @@ class StopRegistry:
                 entry = _Entry()
                 self._current[key] = entry
             entry.claimed = True
-            if self.closing or key.split(":", 1)[0] in self._closed:
+            if self.closing or _session(key) in self._closed:
                 entry.event.set()
             return entry.event
 

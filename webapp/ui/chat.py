@@ -238,8 +238,7 @@ class ChatHandlers:
     def arm(self, request) -> None:
         """A new reply: Stop from now on stops it, and a Clear/Undo before it has nothing left to settle."""
         key = self.key(request)
-        self.settled.pop(key, None)
-        self.taken_back.discard(key)
+        self._nothing_withdrawn(key)
         self.stops.arm(key)
 
     def undo(self, history) -> Tuple[List[dict], str]:
@@ -296,8 +295,11 @@ class ChatHandlers:
 
     def forget(self, request) -> None:
         """Tab closed (the page's unload): no settle step comes for its withdrawn reply any more."""
-        self.settled.pop(self.key(request), None)
-        self.taken_back.discard(self.key(request))
+        self._nothing_withdrawn(self.key(request))
+
+    def _nothing_withdrawn(self, key: str) -> None:
+        self.settled.pop(key, None)
+        self.taken_back.discard(key)
 
     def save_reply(self, history, request: gr.Request = None):
         """What the page saves after a reply: the chat, unless Clear or Undo took the reply back.
