@@ -17,7 +17,9 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "two-tiles")
+GPU_TRIALS = ("submit", "swiglu")
+# Trials that became the default once measured to pay: still accepted, they change nothing.
+GPU_TRIALS_ADOPTED = ("two-tiles",)
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTP_CHAT_", env_file=".env", extra="ignore")
@@ -72,8 +74,10 @@ class Settings(BaseSettings):
     gpu_fused: Optional[bool] = None
     # CUDA kernel changes that lost to the defaults when paired on an H200 (2026-12-02: GPU.md
     # section 8), kept for other GPUs to measure: a comma list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
-    # the rest), "swiglu" (the MLP's activation read inside down_proj), "two-tiles" (9-16 rows in one
-    # matmul launch). Each keeps every row's bits (checked at load), so it only moves speed.
+    # the rest), "swiglu" (the MLP's activation read inside down_proj). Each keeps every row's bits
+    # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
+    # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
+    # docs/bench/2026-12-03/GPU.md.)
     gpu_trials: str = ""
     # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
@@ -121,7 +125,7 @@ class Settings(BaseSettings):
     @field_validator("gpu_trials")
     @classmethod
     def _gpu_trials(cls, v):
-        names = [t.strip() for t in v.split(",") if t.strip()]
+        names = [t.strip() for t in v.split(",") if t.strip() and t.strip() not in GPU_TRIALS_ADOPTED]
         wrong = [t for t in names if t not in GPU_TRIALS]
         if wrong:
             raise ValueError(f"gpu_trials: {', '.join(map(repr, wrong))} unknown; a comma list of {', '.join(GPU_TRIALS)}")

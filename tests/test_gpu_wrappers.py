@@ -316,7 +316,9 @@ def test_the_fused_kernels_are_forced_by_the_setting_and_checked_as_chosen(monke
 
 def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     """Kernel changes not yet measured to pay (settings.gpu_trials): off unless named; each named
-    one reaches the runner (and says so in the load note); an unknown name is refused with the list."""
+    one reaches the runner (and says so in the load note); an unknown name is refused with the list.
+    Two tiles a launch, measured to pay, are on by default where their load check passes (checked
+    once a process), 8 rows a launch where it fails; the old trial name is accepted and changes nothing."""
     from adapters.options import LoadOptions
     from core.settings import Settings
 
@@ -329,21 +331,17 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     # a cache of its own for this test (the fake check's verdict must not outlive it)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lru_cache(maxsize=None)(kernels._two_tiles_verdict.__wrapped__))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
-    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, False, False) and checked == []
+    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, False, True) and checked == [1]
     assert "8 rows a launch" not in b.note and "trials" not in b.note
     trials = LoadOptions.from_settings(Settings(gpu_trials=" swiglu, two-tiles,submit")).gpu_trials
-    assert trials == {"submit", "swiglu", "two-tiles"}
+    assert trials == {"submit", "swiglu"}
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials)
     assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (8, True, True) and checked == [1]
-    assert "trials on: submit, swiglu, two-tiles" in b.note and "8 rows a launch" not in b.note
-    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
-    assert checked == [1]  # checked once a process
+    assert "trials on: submit, swiglu" in b.note and "8 rows a launch" not in b.note
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
-    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=frozenset({"two-tiles"}))
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
-    assert not gk.TWO_TILES["on"]
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, two-tiles"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -483,6 +481,9 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
         return None
 
     monkeypatch.setattr(backends, "_verdict", compiles)
+    monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))   # its own test above
+    for k in ("on", "why"):
+        monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES[k])
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert b.name == "cuda-kernels"
     assert b.note.startswith("cuda kernels compiled 1 kernel(s) and checked them in ") and str(folder) in b.note

@@ -153,9 +153,10 @@ def _two_tiles_verdict(seed: int = 0) -> Tuple[bool, Optional[str]]:
 
 
 def two_tiles(wanted: bool) -> None:
-    """9-16 rows a launch when `wanted` and their check passes, else 8 at a time. Off by default
-    until measured: the first layout (two tiles in one block's registers) lost on the H200
-    (docs/bench/2026-12-02/GPU.md, section 8); today's gives each tile its own blocks."""
+    """9-16 rows a launch when `wanted` and their check passes, else 8 at a time. On by default
+    since paired on the H200 (MTP at 4 requests 1.29x, AR unchanged: docs/bench/2026-12-03/GPU.md,
+    section 10); the first layout (two tiles in one block's registers) had lost (2026-12-02,
+    section 8), today's gives each tile its own blocks."""
     on, why = _two_tiles_verdict() if wanted else (False, cuda_qmm.TWO_TILES_OFF)
     cuda_qmm.TWO_TILES.update(on=on, why=why)
 

@@ -24,12 +24,12 @@ from .naming import versioned
 
 TILE_ROWS = 8  # one mma tile of token columns
 MAX_ROWS = 16  # two tiles (a batch's verify: 4 sequences x 3 positions) in one launch
-# 9-16 rows in one launch: a trial (settings.gpu_trials "two-tiles"), then its load check decides.
+# 9-16 rows in one launch: the default, unless its load check fails (then 8 rows a launch).
 # Each tile of 8 rows has its own blocks, interleaved with the other tile's (block 2b and 2b + 1
 # read the same weight rows at the same time, so the second read is served by L2): a tile's
 # registers and arithmetic are exactly the one-tile launch's. (Two tiles in one block's registers
 # were measured slower on the H200, section 8 of docs/bench/2026-12-02/GPU.md.)
-TWO_TILES_OFF = "two tiles a launch not yet measured to pay (8 rows a launch)"
+TWO_TILES_OFF = "two tiles a launch switched off (8 rows a launch)"
 TWO_TILES = {"on": False, "why": TWO_TILES_OFF}
 
 

@@ -110,7 +110,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
            trials: frozenset = frozenset()) -> Backend:
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
-    on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, two-tiles)."""
+    on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     on_cpu = device == mx.cpu
@@ -130,8 +130,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
         why, said = _checked(kb, on)
         if why is None:
             if kb == "cuda":
-                kernels.two_tiles("two-tiles" in trials)
-                if "two-tiles" in trials and not kernels.cuda_qmm.TWO_TILES["on"]:
+                kernels.two_tiles(True)   # its load check decides
+                if not kernels.cuda_qmm.TWO_TILES["on"]:
                     said += f"; batches' matmuls go 8 rows a launch ({kernels.cuda_qmm.TWO_TILES['why']})"
             runner = CompiledGpuKernels if compiled and kb == "cuda" else GpuKernels
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])

@@ -116,7 +116,7 @@ def run(adapter, mode, depth, ps, max_tokens, max_batch=None):
 
 
 def two_tiles_switch(adapter):
-    """A function turning two tiles a launch (9-16 rows, the "two-tiles" trial) on and off in this
+    """A function turning two tiles a launch (9-16 rows, the default since this pairing) on and off in this
     process, for runs paired in time; None where its load check fails or there is no row kernel.
     A layer's graph is traced with the rows a launch of its time, so each setting keeps its own
     traced graphs (the runners' caches swapped with the setting; bench-only reach into them)."""
@@ -140,7 +140,7 @@ def two_tiles_switch(adapter):
 
 
 def paired(adapter, mode, depth, ps, max_tokens, requests, repeats, switch):
-    """Aggregate tok/s at each batch size, the defaults (8 rows a launch) and two tiles a launch
+    """Aggregate tok/s at each batch size, 8 rows a launch and two tiles a launch
     alternated `repeats` times in one process: medians, their ratio, every run, replies equal."""
     for on in (False, True):   # warm-up: each setting's graphs traced at every batch size
         switch(on)
