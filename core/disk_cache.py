@@ -16,6 +16,14 @@ released, pieces in parallel) hashed in order with the names, dtypes, shapes, id
 finds a truncated or damaged file (what it is for; the folder is the user's own, not a forger's),
 at several GB/s instead of BLAKE2b's one.
 
+On CUDA, MLX moves any buffer the host reads into unified memory for good, and recycles freed
+buffers for later GPU arrays whatever memory they are in; GPU work on such a buffer then faults
+its pages over from the host. So nothing here reads the caches' own buffers: a write reads a copy
+of its own (`own_copy`), dropped on the model's thread with MLX's buffer cache emptied after it
+(`return_host_copies`); a load checksums the file's bytes and leaves the arrays, which mx.load
+puts in device memory, untouched by the host. At start-up the app loads the newest entries that
+fit its memory budget (`PrefixCache.preload`), so the turn after a restart reads nothing from disk.
+
 Writes are atomic (a temporary file in the same folder, fsync, rename): a process killed
 mid-write leaves a stray `.tmp` file that the next start removes, never a half entry under a
 real name. A truncated or corrupted entry (a failed checksum, an unreadable header) is skipped
@@ -32,6 +40,7 @@ import base64
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -137,18 +146,67 @@ def _crc_pool() -> ThreadPoolExecutor:
 Host = Dict[str, Tuple[str, Tuple[int, ...], memoryview]]   # name -> (dtype, shape, contiguous bytes)
 
 
+_UINT = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
+
+
+def own_copy(a: mx.array) -> mx.array:
+    """`a`, bit for bit, in a buffer of its own. mx.contiguous (and mx.array(a), copy.copy) hand
+    back the same buffer when `a` is already contiguous, and on CUDA MLX moves a buffer that the
+    host reads into unified memory for good: the caches' own recurrent states and KV would then
+    live there, and every step after would fault their pages back to the GPU. An OR with 0 on
+    the bits is a real copy whatever the dtype (NaNs and -0.0 included)."""
+    bits = a.view(_UINT[a.itemsize])
+    return (bits | mx.array(0, dtype=bits.dtype)).view(a.dtype)
+
+
+def on_cuda() -> bool:
+    """MLX computes on an NVIDIA GPU here (its buffers then live in device memory, not unified)."""
+    cuda = getattr(mx, "cuda", None)
+    return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
+
+
 def prepare(arrays: Dict[str, mx.array]) -> Host:
-    """Arrays as contiguous host bytes (an MLX copy where an array is a view into a larger
-    buffer, e.g. a KV cache's valid part): what checksumming and writing read, without MLX.
-    Runs MLX, so on the model's thread; the bytes may then go to any thread."""
+    """Arrays as contiguous host bytes: what checksumming and writing read, without MLX. Runs
+    MLX, so on the model's thread; the bytes may then go to any thread. On CUDA each is a copy
+    of its own (`own_copy`): only the copy moves to host memory, never the caches' buffers.
+    Elsewhere memory is one (CPU, Metal) and a contiguous array is read where it is."""
     for a in arrays.values():
         if a.dtype not in _DTYPES:
             raise TypeError(f"a snapshot array of dtype {a.dtype} cannot be stored")
-    own = {name: mx.contiguous(a) for name, a in arrays.items()}
+    copy = own_copy if on_cuda() else mx.contiguous
+    own = {name: copy(a) for name, a in arrays.items()}
     mx.eval(list(own.values()))
-    # memoryview keeps its array alive; on CUDA the first host access moves the copy to unified
-    # memory here, on the model's thread (the live caches' buffers are not touched)
     return {name: (_DTYPES[a.dtype], tuple(a.shape), memoryview(a).cast("B")) for name, a in own.items()}
+
+
+def return_host_copies() -> None:
+    """After host copies of device arrays are dropped (on the model's thread): on CUDA their
+    buffers, now unified memory whose pages sit on the host, would go back to MLX's buffer cache
+    and be handed to the next GPU arrays of their size (the next prefill's KV, a snapshot), which
+    would then run on page faults. Emptying the cache frees them instead; elsewhere (CPU, Metal's
+    unified memory) nothing is wrong with the cache and it is left alone."""
+    if on_cuda():
+        mx.clear_cache()
+
+
+def _file_checksum(path: Path) -> Tuple[str, Dict[str, str]]:
+    """(checksum, metadata) of an entry from its file's bytes (mapped, not copied), never through
+    MLX arrays: on CUDA a host read of a loaded array moves it to unified memory for good."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+        metadata = header.pop("__metadata__", None) or {}
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+            host: Host = {}
+            try:
+                for name, h in header.items():
+                    lo, hi = (8 + n + int(o) for o in h["data_offsets"])
+                    host[name] = (h["dtype"], tuple(h["shape"]), view[lo:hi])
+                checksum = _checksum(metadata["ids"], metadata["meta"], host)
+            finally:
+                for _, _, part in host.values():
+                    part.release()   # the map closes only once no view of it is left
+    return checksum, metadata
 
 
 def _checksum(ids_text: str, meta_text: str, host: Host) -> str:
@@ -212,6 +270,7 @@ class DiskCache:
         self._entries: Dict[Tuple[int, ...], Entry] = {}
         self._writer: Optional[ThreadPoolExecutor] = None   # store_soon's thread, made on first use
         self._future: Optional[Future] = None
+        self._spent: list = []   # host copies written, waiting for `release` on the model's thread
         self.hits = self.misses = self.writes = self.dropped = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -288,33 +347,53 @@ class DiskCache:
     def store(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict) -> bool:
         """Write one snapshot (its valid data) on this thread; False if not written."""
         ids = tuple(int(t) for t in ids)
-        return self._write(ids, self._prepared(ids, arrays), meta)
+        host = self._prepared(ids, arrays)
+        if host is None:
+            return False
+        written = self._write(ids, host, meta)
+        del host
+        return_host_copies()
+        return written
 
     def store_soon(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict,
                    done: Optional[Callable[[], None]] = None) -> bool:
         """`store` with the checksum and the file on the writer thread: this thread (the model's)
         only copies the arrays to host memory. One write at a time: False, and nothing started,
         while one is under way (or when this snapshot is not to be written). `done()` runs on
-        the writer thread when the write ends, whatever its outcome."""
+        the writer thread when the write ends, whatever its outcome; the host copy then waits for
+        `release` on the model's thread."""
         if self.writing:
             return False
         ids = tuple(int(t) for t in ids)
-        host = self._prepared(ids, arrays)
-        if host is None:
+        box = [self._prepared(ids, arrays)]   # the writer takes it out: no other reference stays behind
+        if box[0] is None:
             return False
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtp-chat-disk-cache")
 
         def write() -> bool:
+            host = box.pop()
             try:
                 return self._write(ids, host, meta)
             except Exception as exc:  # noqa: BLE001 - a failed write loses that entry, never the server
                 self._off(f"{type(exc).__name__}: {exc}")
                 return False
+            finally:
+                with self._lock:
+                    self._spent.append(host)   # freed by `release`, on the model's thread
+                del host
         self._future = self._writer.submit(write)
         if done is not None:   # called once `writing` is False again
             self._future.add_done_callback(lambda _: done())
         return True
+
+    def release(self) -> None:
+        """On the model's thread: drop the host copies the writer is done with (`return_host_copies`)."""
+        with self._lock:
+            spent, self._spent = self._spent, []
+        if spent:
+            del spent
+            return_host_copies()
 
     @property
     def writing(self) -> bool:
@@ -388,17 +467,21 @@ class DiskCache:
                 pass
 
     # --- read -----------------------------------------------------------------------------
-    def load(self, entry: Entry) -> Optional[Tuple[Tuple[int, ...], Dict[str, mx.array], dict]]:
-        """(ids, arrays, meta) of an entry, or None (and the entry removed) if it fails its checks."""
+    def load(self, entry: Entry, count: bool = True) -> Optional[Tuple[Tuple[int, ...], Dict[str, mx.array], dict]]:
+        """(ids, arrays, meta) of an entry, or None (and the entry removed) if it fails its checks.
+        The checksum reads the file itself; the arrays come from mx.load and are evaluated here
+        (on CUDA straight into device memory, untouched by the host). `count`: a lookup's hit."""
         try:
-            arrays, metadata = mx.load(str(entry.path), return_metadata=True)
+            checksum, metadata = _file_checksum(entry.path)
             if metadata.get("format") != FORMAT or metadata.get("model") != self.identity:
                 raise Refused("written for another model or format")
             if _ids_from(metadata["ids"]) != entry.ids:
                 raise Refused("its ids do not match its index entry")
-            if _checksum(metadata["ids"], metadata["meta"], prepare(arrays)) != metadata.get("checksum"):
+            if checksum != metadata.get("checksum"):
                 raise Refused("checksum mismatch (corrupted)")
             meta = json.loads(metadata["meta"])
+            arrays = mx.load(str(entry.path))
+            mx.eval(list(arrays.values()))
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with a file, it is not loaded
             with self._lock:
                 self._entries.pop(entry.ids, None)
@@ -411,8 +494,13 @@ class DiskCache:
         except OSError:
             pass
         entry.used = now
-        self.hits += 1
+        self.hits += count
         return entry.ids, arrays, meta
+
+    def newest(self) -> list:
+        """The entries, most recently used first."""
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: e.used, reverse=True)
 
     def clear(self) -> None:
         with self._lock:

@@ -142,6 +142,7 @@ class PrefixCache:
         return self._spill(now=True)
 
     def _spill(self, now: bool) -> int:
+        self.disk.release()   # the last write's host copy, dropped here on the model's thread
         handed = 0
         while True:
             with self._lock:
@@ -156,8 +157,29 @@ class PrefixCache:
             else:
                 handed += self.disk.store_soon(snap.ids, arrays, meta, done=lambda: self.defer(self.spill))
 
-    def _load(self, entry) -> Optional[Snapshot]:
-        got = self.disk.load(entry)   # None: it failed its checks, was logged and removed
+    def preload(self) -> Tuple[int, int]:
+        """At start-up, on the model's thread: the most recently used disk entries that fit the
+        memory budget, loaded now, so that the first turn after a restart starts from memory (an
+        agent's next turn extends the snapshot its last turn left, the newest). Returns (snapshots,
+        bytes) loaded."""
+        if self.disk is None:
+            return 0, 0
+        picked, total = [], 0
+        for entry in self.disk.newest():
+            if total + entry.nbytes > self.budget_bytes:
+                break
+            picked.append(entry)
+            total += entry.nbytes
+        loaded = []
+        for entry in reversed(picked):   # the newest kept last: the least likely to be evicted
+            snap = self._load(entry, count=False)
+            if snap is not None:
+                self._keep(snap)
+                loaded.append(snap)
+        return len(loaded), sum(s.nbytes for s in loaded)
+
+    def _load(self, entry, count: bool = True) -> Optional[Snapshot]:
+        got = self.disk.load(entry, count)   # None: it failed its checks, was logged and removed
         if got is None:
             return None
         ids, arrays, meta = got
@@ -165,7 +187,7 @@ class PrefixCache:
         if hidden is None:
             return None
         with self._lock:
-            self.disk_hits += 1
+            self.disk_hits += count
         return Snapshot(ids, State(arrays, meta), hidden)
 
     def _keep(self, snap: Snapshot) -> None:

@@ -221,3 +221,58 @@ def test_the_writer_thread_writes_while_the_model_thread_goes_on(tmp_path, monke
         for name in s.state.arrays:
             assert mx.array_equal(got[name], s.state.valid(name)).item(), name
     assert said == []
+
+
+def _address(a):
+    import numpy as np
+    return np.frombuffer(memoryview(a), dtype=np.uint8).ctypes.data
+
+
+def test_own_copy_is_a_copy_bit_for_bit(monkeypatch):
+    """prepare's copies: bit for bit (NaN, -0.0 and infinities too, every width), and in a buffer
+    of their own where mx.contiguous hands back the array's own buffer: on CUDA the host's read
+    of that buffer would move the live cache's arrays to unified memory for good."""
+    from core.disk_cache import own_copy, prepare
+
+    special = mx.array([float("nan"), -0.0, float("inf"), -float("inf"), 1.5, -2.25])
+    cases = [special.astype(t) for t in (mx.float32, mx.bfloat16, mx.float16)]
+    cases += [mx.array([-7, 0, 2**31 - 1], dtype=mx.int32), mx.array([True, False, True]),
+              mx.array([0, 255, 9], dtype=mx.uint8), mx.arange(24, dtype=mx.int64).reshape(2, 3, 4)[:, 1:, ::2]]
+    for a in cases:
+        mx.eval(a)
+        c = own_copy(a)
+        mx.eval(c)
+        assert c.dtype == a.dtype and c.shape == a.shape
+        assert bytes(memoryview(c)) == bytes(memoryview(mx.contiguous(a))), a.dtype
+    whole = mx.random.normal((4, 64))
+    mx.eval(whole)
+    shared = mx.contiguous(whole)
+    mx.eval(shared)
+    assert _address(shared) == _address(whole)            # what prepare must not hand to the host on CUDA
+    from core import disk_cache
+    monkeypatch.setattr(disk_cache, "on_cuda", lambda: True)
+    host = prepare({"w": whole})
+    assert host["w"][2].nbytes == whole.nbytes
+    assert bytes(host["w"][2]) == bytes(memoryview(whole))
+    assert _address(host["w"][2]) != _address(whole)
+
+
+def test_written_copies_are_dropped_on_the_model_thread(tmp_path, monkeypatch):
+    """store_soon's host copy outlives its write until `release` on the caller's thread (the
+    model's), which then gives its memory back (return_host_copies: on CUDA, out of MLX's buffer
+    cache); store does both on its own thread."""
+    from core import disk_cache
+
+    returned = []
+    monkeypatch.setattr(disk_cache, "return_host_copies", lambda: returned.append(threading.current_thread().name))
+    dc, said = cache(tmp_path)
+    done = threading.Event()
+    assert dc.store_soon(tuple(range(5, 69)), arrays(1), {}, done=done.set)
+    assert done.wait(30) and not dc.writing
+    assert len(dc._spent) == 1 and returned == []          # written, the copy still held
+    dc.release()
+    assert dc._spent == [] and returned == [threading.current_thread().name]
+    dc.release()
+    assert len(returned) == 1                              # nothing left: nothing to give back
+    assert dc.store(tuple(range(7, 71)), arrays(2), {}) and len(returned) == 2
+    assert len(dc) == 2 and said == []

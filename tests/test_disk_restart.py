@@ -89,6 +89,7 @@ def test_turn_7_after_a_restart_prefills_only_its_new_message(checkpoint, adapte
     try:
         said = "".join(second.lines)
         assert "prefix cache on disk: " in said and "skipped" not in said
+        assert "snapshot(s) (" in said and "loaded from disk in" in said            # preloaded before serving
         for lane in ("ar", "mtp"):
             history = reference[lane][0][: 2 * TURNS]
             _, out = converse(second.url, lane, 1, history)
@@ -197,6 +198,28 @@ def test_a_budget_for_a_few_entries_keeps_the_newest(adapter, checkpoint, refere
     _, out = turns(adapter, 1, PrefixCache(2**30, disk=dc), history=msgs)
     assert_replies(adapter, reference, [o[0] for o in first + out])
     assert out[0][1] == len(history_prompt(adapter, msgs).ids) and said == []
+
+
+def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint, reference, tmp_path):
+    """After a restart the app loads the most recently used entries that fit the in-memory
+    budget before it serves (PrefixCache.preload): the next turn then restores from memory,
+    reads nothing from disk, and replies as the run that never restarted."""
+    msgs, first = turns(adapter, 3, PrefixCache(2**30, disk=disk(adapter, checkpoint, tmp_path)[0]))
+    dc, said = disk(adapter, checkpoint, tmp_path)
+    by_use = dc.newest()
+    assert len(by_use) >= 3 and by_use[0].ids == entries(dc)[-1].ids      # the history snapshot: newest
+    budget = by_use[0].nbytes + by_use[1].nbytes + by_use[2].nbytes // 2  # room for two of them
+    pc = PrefixCache(budget, disk=dc)
+    n, nbytes = pc.preload()
+    assert n == 2 and 0 < nbytes <= budget and set(pc._snaps) == {by_use[0].ids, by_use[1].ids}
+    assert list(pc._snaps)[-1] == by_use[0].ids                           # the newest is kept last
+    assert (dc.hits, pc.disk_hits) == (0, 0)                              # preloading is not a hit
+    asked = msgs + [{"role": "user", "content": questions("mtp")[3]}]
+    ids, stats = decoder(adapter, "mtp", pc).generate(chat_prompt(adapter, asked), max_tokens=MAX_TOKENS)
+    assert_replies(adapter, reference, [o[0] for o in first] + [ids])
+    assert stats.cached_tokens == len(history_prompt(adapter, msgs).ids)  # from the newest entry ...
+    assert (dc.hits, pc.disk_hits) == (0, 0) and said == []               # ... in memory already
+    assert PrefixCache(budget).preload() == (0, 0)                        # no disk: nothing to load
 
 
 def test_a_read_only_folder_serves_from_memory(adapter, checkpoint, reference, tmp_path):

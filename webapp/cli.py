@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import List, Optional, Tuple
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no calls out, before gradio loads
@@ -158,6 +159,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         params = parse_params(settings.temperature, settings.top_p, settings.top_k, settings.min_p,
                               32, settings.seed, settings.depth, max_depth=settings.max_depth)
         host_model.warmup(params, log=lambda m: print(f"mtp-chat: {m}", flush=True))
+    if disk is not None and len(disk):
+        t0 = time.perf_counter()
+        n, nbytes = host_model.worker.call(host_model.prefix_cache.preload)
+        say(f"prefix cache: {n} snapshot(s) ({nbytes / 2**20:.1f} MiB) loaded from disk in "
+            f"{time.perf_counter() - t0:.1f} s (the newest that fit its {settings.prefix_cache_mb} MiB in memory)")
 
     from .server import launch
     from .ui.page import build_app
