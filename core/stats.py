@@ -29,6 +29,7 @@ class GenerationStats:
     observed_cycle_costs: Dict[int, float] = field(default_factory=dict)  # depth -> AR steps, from this reply's cycles ('auto')
     finish_reason: Optional[str] = None
     waterfall: Dict[str, float] = field(default_factory=dict)  # seconds per part (core/waterfall.py)
+    prefill_parts: Dict[str, float] = field(default_factory=dict)  # where the prefill went (core.stream.Prefilled.parts)
 
     @property
     def acceptance_rate(self) -> float:

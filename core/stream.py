@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -89,6 +89,9 @@ class Prefilled:
     hidden: mx.array          # trunk hidden at the last position [1, 1, H]: the head's next input
     cached_tokens: int        # prompt tokens restored from the prefix cache
     prefilled_tokens: int     # prompt tokens run through the trunk
+    # seconds: finding (and loading) the snapshot, running the chunks (each ends in an eval, so
+    # a restore's deferred work lands in the first), storing snapshots at marks; and the chunks
+    parts: dict = field(default_factory=dict)
 
 
 def prefill(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
@@ -124,10 +127,12 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
     key = prompt.key   # the ids, with each picture's positions keyed by the picture (core.images)
     chunk = chunk or PREFILL_CHUNK
     start, h_last = 0, None
+    t = time.perf_counter()
     snap = prefix_cache.lookup(key) if prefix_cache is not None and draft is not None else None
     if snap is not None:
         adapter.restore(snap.state, cache, draft)
         h_last, start = snap.hidden, snap.length
+    parts = {"lookup_s": time.perf_counter() - t, "chunks_s": 0.0, "snapshots_s": 0.0, "chunks": 0}
     tokens = mx.array(ids, dtype=mx.int32)
     # Chunks end every `chunk` tokens and at the marks (lookup leaves >= 1 token to run).
     ends = sorted(set(range(start + chunk, L, chunk)) | set(marks_within(list(prompt.marks), start, L)) | {L})
@@ -138,6 +143,7 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         if stop is not None and stop.is_set():
             raise PrefillStopped()
         pictures = prompt.images_within(a, b)
+        t = time.perf_counter()
         logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False,
                                             **({"images": pictures} if pictures else {}))
         # Drafter positions a-1 .. b-2: (hidden n, token n+1).
@@ -146,12 +152,16 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
             adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
         mx.eval(h_last, logits, adapter.state_arrays(cache, draft))  # bound the graph per chunk
+        parts["chunks_s"] += time.perf_counter() - t
+        parts["chunks"] += 1
         if prefix_cache is not None and draft is not None and b in prompt.marks:
+            t = time.perf_counter()
             prefix_cache.store(Snapshot(tuple(key[:b]), adapter.snapshot(cache, draft), h_last))
+            parts["snapshots_s"] += time.perf_counter() - t
         a = b
         if b < L:
             yield b
-    return Prefilled(logits[:, -1], h_last, start, L - start)
+    return Prefilled(logits[:, -1], h_last, start, L - start, parts)
 
 
 def _partial_match(text: str, stop_strings: Sequence[str]) -> int:
@@ -246,6 +256,7 @@ class Lane:
             yield done_so_far
             t0 = time.perf_counter()
         stats.cached_tokens, stats.prefilled_tokens = done.cached_tokens, done.prefilled_tokens
+        stats.prefill_parts = dict(done.parts)
         wf.add("prefill", time.perf_counter() - t0)   # prefill ends with an eval: its work is done
         return cache, draft, done
 

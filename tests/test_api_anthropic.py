@@ -95,6 +95,10 @@ def test_a_cached_prefix_is_reported_as_cache_read(client):
     follow = HI + [{"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "More"}]
     again = client.messages.create(model=MODEL, max_tokens=4, messages=follow, thinking=OFF, **GREEDY)
     assert again.usage.cache_read_input_tokens > 0 and again.model_extra["mtp"]["cached_tokens"] > 0
+    # where its time to first token went: the snapshot found, then the new tokens' chunks
+    parts, ttft = again.model_extra["mtp"]["prefill_parts"], again.model_extra["mtp"]["ttft"]
+    assert set(parts) == {"lookup_s", "chunks_s", "snapshots_s", "chunks"} and parts["chunks"] >= 1
+    assert 0 < parts["lookup_s"] + parts["chunks_s"] + parts["snapshots_s"] <= ttft + 1e-3
 
 
 def test_errors_map_to_the_clients_exception_types(client, url):

@@ -294,6 +294,14 @@ class Server:
             self.log.close()
 
 
+def _parts(p: dict) -> str:
+    """The prefill's parts, for the progress line: ' [lookup 0.010 s, 2 chunks 0.250 s, snapshots 0.001 s]'."""
+    if not p:
+        return ""
+    return (f" [lookup {p.get('lookup_s', 0):.3f} s, {int(p.get('chunks', 0))} chunk(s) {p.get('chunks_s', 0):.3f} s, "
+            f"snapshots {p.get('snapshots_s', 0):.3f} s]")
+
+
 def one_turn(client, model_id: str, system: str, messages: list, choice: dict, max_tokens: int) -> dict:
     import anthropic
 
@@ -319,6 +327,8 @@ def one_turn(client, model_id: str, system: str, messages: list, choice: dict, m
             # the reply's own compute; the rest of the wall time is waiting (the server's queue, e.g.
             # behind a prefix-cache write, and HTTP), which a client's time to first token includes
             "compute_s": mtp.get("compute_seconds"),
+            # where the time to first token went: finding/loading the snapshot, the chunks, storing snapshots
+            "prefill_parts": mtp.get("prefill_parts") or {},
             "content": [block.model_dump(exclude_none=True) for block in reply.content]}
 
 
@@ -373,7 +383,8 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
             say(f"{name} turn {turn}: prompt {row['prompt_tokens']}, cached "
                 f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
                 f"(x{row['prefilled_over_new']:.2f}), ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
-                f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s), {row['stop_reason']}")
+                f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s), {row['stop_reason']}"
+                + _parts(row["prefill_parts"]))
             progress(rows)
             sizes = args.result_tokens
             messages = next_messages(messages, row, int(cpt * sizes[(turn - 1) % len(sizes)]), turn)

@@ -74,6 +74,7 @@ class Mtp(Shape):
     prefilled_tokens: Optional[int] = None
     waterfall: Dict[str, float] = {}              # where the time went (core/waterfall.py), in seconds
     compute_seconds: Optional[float] = None       # the lane's own time the waterfall adds up to
+    prefill_parts: Dict[str, float] = {}          # the prefill's lookup_s, chunks_s, snapshots_s, chunks
 
 
 def usage(prompt_tokens: int, stats: Optional[dict]) -> dict:
@@ -100,7 +101,8 @@ def figures(mode: str, depth, stats: Optional[dict]) -> dict:
                ttft=r("time_to_first_token"), prefill_seconds=r("prefill_seconds"),
                cached_tokens=int(s.get("cached_tokens") or 0), prefilled_tokens=s.get("prefilled_tokens"),
                waterfall={k: round(float(v), 6) for k, v in (s.get("waterfall") or {}).items()},
-               compute_seconds=r("compute_seconds", 6)).out()
+               compute_seconds=r("compute_seconds", 6),
+               prefill_parts={k: round(float(v), 6) for k, v in (s.get("prefill_parts") or {}).items()}).out()
 
 
 class ChatMessage(Shape):
