@@ -35,16 +35,16 @@
 #   long   scripts/gpu/gpu_long.py at 64 / 8k / 32k / 128k tokens of context: prefill tok/s, verify of 2-5 and
 #          the MTP step in AR steps, MTP/AR projected at the Qwythos acceptance, peak memory AR vs MTP
 #   batch  scripts/bench/bench_batch.py on the 9B shape: 1, 2, 4 concurrent requests, AR and MTP depth 2,
-#          each reply against itself alone, aggregate tok/s
+#          each reply against itself alone, aggregate tok/s (with the joins' prefills, and decoding only),
+#          medians of 5 runs, 64 and 256 tokens a reply -> OUT_DIR/batch_9b_64.json, batch_9b_256.json
 #   nan    scripts/gpu/gpu_nan.py: the h1024 L16 non-finite logits hunt
 #   agent  (agent_warm, agent_restart: one of its two runs, each within a call's time)
 #          scripts/bench/agent_session.py on the 9B shape: a 20k-token system prompt with tools, 6 turns
 #          of tool calls and results of 200-2,000 tokens through /v1/messages, warm and with a restart
 #          before every turn: tokens prefilled per turn against its new tokens, time to first token
 #   trials  the kernel changes that are off until measured (settings.gpu_trials), each paired with the
-#          default in one run: gpu_profile.py --only default submit swiglu (a step, AR / MTP / mlx_lm),
-#          then bench_batch.py (1, 2, 4 requests) with the defaults and with MTP_CHAT_GPU_TRIALS=two-tiles
-#          -> OUT_DIR/profile_trials.json, batch_9b.json, batch_9b_two_tiles.json
+#          default in one run: gpu_profile.py --only default submit swiglu (a step, AR / MTP / mlx_lm)
+#          -> OUT_DIR/profile_trials.json
 #   tiles  9-16 rows a launch (two tiles, each in its own blocks) against 8 rows a launch: gpu_qmv.py at 1 / 8 /
 #          12 / 16 rows on the widest 9B shapes, then bench_batch.py (1, 2, 4 requests, 5 runs each: medians)
 #          with both settings alternated in one process (separate processes vary by 30 %: ninth session)
@@ -108,14 +108,12 @@ for stage in $STAGES; do
                      --repeats 3 --json "$OUT/demo_t${t}_d$d.json"; done; done ;;
     long) run $PY scripts/gpu/gpu_long.py --model "$CKPT" --json "$OUT/long_9b.json" \
             --context 64 --context 8192 --context 32768 --context 131072 2>&1 | grep -v "regex pattern" ;;
-    batch) run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --long-prompt 0 \
-             --streams 0 --json "$OUT/batch_9b.json" 2>&1 | grep -v "regex pattern" | tail -n 30 ;;
+    batch) for n in 64 256; do
+             run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens $n --repeats 5 --long-prompt 0 \
+               --streams 0 --json "$OUT/batch_9b_$n.json" 2>&1 | grep -v "regex pattern" | tail -n 8
+           done ;;
     trials) run $PY scripts/gpu/gpu_profile.py --model "$CKPT" --only default submit swiglu --repeats 2 \
-              --json "$OUT/profile_trials.json" 2>&1 | grep -v "regex pattern"
-            for t in "" two-tiles; do
-              MTP_CHAT_GPU_TRIALS=$t run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 \
-                --long-prompt 0 --streams 0 --json "$OUT/batch_9b${t:+_two_tiles}.json" 2>&1 | grep -v "regex pattern" | tail -n 8
-            done ;;
+              --json "$OUT/profile_trials.json" 2>&1 | grep -v "regex pattern" ;;
     tiles) run $PY scripts/gpu/gpu_qmv.py --no-checks --rows 1 8 12 16 --json "$OUT/qmv_tiles.json" \
              --shapes "mlp gate|up" "gdn in (qkv|z|b|a)" "mlp down" "gdn_z / out / o_proj" "lm_head" 2>&1 | tail -n 8
            run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 2 4 --tokens 64 --repeats 5 --pair-two-tiles \
