@@ -329,6 +329,8 @@ def one_turn(client, model_id: str, system: str, messages: list, choice: dict, m
             "compute_s": mtp.get("compute_seconds"),
             # where the time to first token went: finding/loading the snapshot, the chunks, storing snapshots
             "prefill_parts": mtp.get("prefill_parts") or {},
+            # the reply's compute by part (draft, forward, sampling, host, ...): where a slow decode went
+            "waterfall": mtp.get("waterfall") or {},
             "content": [block.model_dump(exclude_none=True) for block in reply.content]}
 
 
