@@ -1,6 +1,6 @@
 """The decoding engine: an exact MTP speculative lane and a matching autoregressive lane."""
 from .acceptance import residual, verify_drafts
-from .constraints import Constraint, GrammarError
+from .constraints import Constraint, GrammarError, prepare_tokenizer
 from .chat import chat_prompt, chat_prompt_ids, history_prompt, padded_chat_prompt
 from .limits import ContextError, FittedPrompt, InputTooLarge, context_window, fit_chat
 from .prefix_cache import PrefixCache
@@ -21,5 +21,5 @@ __all__ = [
     "chat_prompt", "history_prompt", "padded_chat_prompt", "ContextError", "InputTooLarge", "FittedPrompt", "fit_chat",
     "context_window", "ThinkSplitter", "opens_thinking", "split_reply", "Markers", "markers_for", "THINK",
     "THOUGHT_CHANNEL", "Adapter", "State",
-    "Constraint", "GrammarError", "TokenLogprob", "prompt_logprobs",
+    "Constraint", "GrammarError", "prepare_tokenizer", "TokenLogprob", "prompt_logprobs",
 ]

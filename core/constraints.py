@@ -40,8 +40,15 @@ class GrammarError(ValueError):
 _TOKENIZERS: Dict[int, object] = {}
 
 
+def prepare_tokenizer(tokenizer) -> None:
+    """Build llguidance's view of `tokenizer` now (at start-up), not in the first request that
+    holds a grammar (a tool call, a reply format): 1.3 s for a 248k-token vocabulary on a 2-core
+    CPU, 0.1 s for 8k."""
+    _ll_tokenizer(tokenizer)
+
+
 def _ll_tokenizer(tokenizer):
-    """llguidance's view of the tokenizer (~0.1 s for 8k tokens: built once per tokenizer)."""
+    """llguidance's view of the tokenizer (built once per tokenizer: prepare_tokenizer)."""
     import llguidance.hf
 
     key = id(tokenizer)

@@ -297,6 +297,9 @@ class ModelHost:
         warm for the chat's AR reference at the default sampler."""
         ids = self.prompt_ids([{"role": "user", "content": WARMUP_PROMPT}])
         t0 = time.perf_counter()
+        from core import prepare_tokenizer
+
+        prepare_tokenizer(self.tokenizer)   # grammars' view of the vocabulary: not in the first tool request
         for mode in ("ar", "mtp"):
             self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
         ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])
