@@ -69,9 +69,15 @@ PARTIALS_SEQUENCE
   __shared__ float sq[R][HD];
   __shared__ float sp[R][CHUNK];
 
+  // Lane l reads dims l*VPL .. l*VPL+VPL-1 of a query vector. Stored plainly, lanes l and
+  // l + 32/VPL would hit the same shared-memory bank (an 8-way conflict on every read at head_dim
+  // 256, for every key and vector); rotating each lane's VPL floats by l / (32/VPL) puts the 32
+  // lanes' reads on 32 banks. Only where a float sits changes: every sum reads the same values.
+  constexpr int LPB = 32 / VPL;  // lanes whose dims fill the 32 banks once
+  auto at = [&](int d) { const int l = d / VPL; return l * VPL + (d % VPL + l / LPB) % VPL; };
   for (int idx = tid; idx < R * HD; idx += NT) {
     const int u = idx / HD, d = idx % HD, i = r0 + u / G, g = u % G;
-    sq[u][d] = i < L ? static_cast<float>(q[b * q_strides[0] + (kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]) : 0.f;
+    sq[u][at(d)] = i < L ? static_cast<float>(q[b * q_strides[0] + (kvh * G + g) * q_strides[1] + i * q_strides[2] + d * q_strides[3]]) : 0.f;
   }
   __syncthreads();
 #pragma unroll 2
@@ -84,7 +90,7 @@ PARTIALS_SEQUENCE
     for (int u = 0; u < R; ++u) {
       float s = 0.f;
 #pragma unroll
-      for (int e = 0; e < VPL; ++e) s = fmaf(sq[u][lane * VPL + e], kv[e], s);
+      for (int e = 0; e < VPL; ++e) s = fmaf(sq[u][lane * VPL + (e + lane / LPB) % VPL], kv[e], s);
       for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       if (lane == 0) sp[u][j] = s * scale;
     }

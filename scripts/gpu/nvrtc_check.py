@@ -245,12 +245,16 @@ def collect(full: bool, project: str = PROJECT):
         tag = "" if dt == bf16 else " fp16"
         for hd, nh, nkv in ([(256, 16, 4)] + ([(128, 32, 4)] if full else [])):
             L, S = 4, 1000
-            # every row count: a partials block takes all of a verify's rows (rows_per_block)
-            for rows in range(1, cuda_attention.MAX_ROWS + 1):
-                rec(f"attn HD={hd} G={nh // nkv} L={rows}{tag}",
-                    lambda hd=hd, nh=nh, nkv=nkv, dt=dt, rows=rows: cuda_attention.gated_attention(
-                        mx.zeros((1, nh, rows, hd), dt), mx.zeros((1, nkv, S, hd), dt), mx.zeros((1, nkv, S, hd), dt),
-                        mx.zeros((1, rows, nh * hd), dt), hd**-0.5))
+            # every row count: below ROWS_BLOCK_FROM keys a row a block, from it a block takes all of
+            # a verify's rows (rows_per_block): each its own template
+            for keys, where in ((S, ""), (cuda_attention.ROWS_BLOCK_FROM, " long")):
+                for rows in range(1, cuda_attention.MAX_ROWS + 1):
+                    if where and rows == 1:
+                        continue   # one row: the same template at any length
+                    rec(f"attn HD={hd} G={nh // nkv} L={rows}{where}{tag}",
+                        lambda hd=hd, nh=nh, nkv=nkv, dt=dt, rows=rows, keys=keys: cuda_attention.gated_attention(
+                            mx.zeros((1, nh, rows, hd), dt), mx.zeros((1, nkv, keys, hd), dt),
+                            mx.zeros((1, nkv, keys, hd), dt), mx.zeros((1, rows, nh * hd), dt), hd**-0.5))
             if hd == 256:  # the thread count scripts/gpu/gpu_attention.py also times
                 rec(f"attn HD={hd} G={nh // nkv} L={L} 256 threads{tag}",
                     lambda hd=hd, nh=nh, nkv=nkv, dt=dt: cuda_attention.gated_attention_batch(

@@ -4,7 +4,9 @@
 # Untimed first: the checkpoint and a warm-up. Then, alone on the GPU: the agent session warm (6
 # turns) and with a restart before each of 4 turns (issue 36: did the unified-memory fixes, the
 # start-up preload and the tokenizer warm-up take the fixed part, the restart waits and the slow
-# first-turn decode away? prefill parts and waterfalls per turn); 4 concurrent requests, medians of
+# first-turn decode away? prefill parts and waterfalls per turn); long contexts and the attention
+# kernel (its query reads no longer conflict on shared-memory banks: the verify at 32k / 128k);
+# 4 concurrent requests, medians of
 # 5, 64 and 256 tokens, the decode phase beside the whole run (issue 32's 2.5x); a batch step's
 # graph with two tiles on; the 35B-A3B gpu_check.py (reported); the demo at depth auto and 3 with
 # 256 tokens (auto's observed prices). Last: the PTX cache packed again if anything compiled.
@@ -22,6 +24,9 @@ say agent warm
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
 say agent restart, 4 turns
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 --turns 4 --runs restart --json $O/agent_restart_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|server up|done|failed'" 420
+say long contexts and the attention kernel: shared-memory banks now conflict-free
+STAGES=long STEP_TIMEOUT=300 bash scripts/gpu/gpu_bench.sh $O
+T "$PY scripts/gpu/gpu_attention.py --json $O/attention.json 2>&1 | tail -n 20" 240
 say batch
 STAGES=batch STEP_TIMEOUT=300 bash scripts/gpu/gpu_bench.sh $O
 say batch graph
