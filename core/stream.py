@@ -90,7 +90,8 @@ class Prefilled:
     cached_tokens: int        # prompt tokens restored from the prefix cache
     prefilled_tokens: int     # prompt tokens run through the trunk
     # seconds: finding (and loading) the snapshot, running the chunks (each ends in an eval, so
-    # a restore's deferred work lands in the first), storing snapshots at marks; and the chunks
+    # a restore's deferred work lands in the first), storing snapshots at marks; the chunks; the
+    # last chunk's tokens and seconds (the prefill's rate at the prompt's depth)
     parts: dict = field(default_factory=dict)
 
 
@@ -152,8 +153,10 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
             adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
         mx.eval(h_last, logits, adapter.state_arrays(cache, draft))  # bound the graph per chunk
-        parts["chunks_s"] += time.perf_counter() - t
+        took = time.perf_counter() - t
+        parts["chunks_s"] += took
         parts["chunks"] += 1
+        parts["last_chunk_tokens"], parts["last_chunk_s"] = b - a, took   # the rate at the prompt's depth
         if prefix_cache is not None and draft is not None and b in prompt.marks:
             t = time.perf_counter()
             prefix_cache.store(Snapshot(tuple(key[:b]), adapter.snapshot(cache, draft), h_last))

@@ -395,9 +395,16 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
         if server is not None:
             server.kill()
         raise
+    # Two references for "the time to prefill only its new tokens": turn 1's whole prefill (its
+    # average over depths 0..20k), and its last chunk (the rate at the depth the later turns' new
+    # tokens sit at, where each token attends to ~20k keys).
     rate = rows[0]["prefilled_tokens"] / rows[0]["prefill_s"]
+    first = rows[0].get("prefill_parts") or {}
+    deep = first["last_chunk_tokens"] / first["last_chunk_s"] if first.get("last_chunk_s") else None
     for row in rows:
         row["ttft_over_new_prefill"] = row["ttft_s"] / (row["new_tokens"] / rate)
+        if deep:
+            row["ttft_over_new_prefill_at_depth"] = row["ttft_s"] / (row["new_tokens"] / deep)
         row.pop("content")
     return rows
 
