@@ -216,14 +216,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--model", help="also check greedy parity and sampling on this checkpoint")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--model-only", action="store_true",
+                    help="only the --model checks (the kernel checks compile every bits/group/dtype variant: minutes "
+                         "where the PTX cache does not hold them)")
     a = ap.parse_args(argv)
     fails: list = []
     report = {"platform": gpu_info()}
     if not report["platform"]["cuda"]:
         print("no CUDA device: nothing to check here", file=sys.stderr)
         return 2
-    steps = [("qmm_checks", lambda: check_qmm(fails)), ("gdn_checks", lambda: check_gdn(fails))]
-    steps += [] if a.no_bench else [("qmm_bandwidth", bench_qmm)]
+    steps = [] if a.model_only else [("qmm_checks", lambda: check_qmm(fails)), ("gdn_checks", lambda: check_gdn(fails))]
+    steps += [] if a.no_bench or a.model_only else [("qmm_bandwidth", bench_qmm)]
     steps += [("model", lambda: check_model(a.model, fails))] if a.model else []
     for name, step in steps:  # one failing step must not hide the others' results
         log(f"{name} ...")

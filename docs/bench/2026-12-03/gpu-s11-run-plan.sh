@@ -34,7 +34,7 @@ T "$PY scripts/bench/batch_graph.py --model $C --json $O/batch_graph_9b.json 2>&
 say moe check
 M=/tmp/mtp_chat_q35a3b
 [ -f $M/config.json ] || $PY scripts/gpu/gpu_make_checkpoint.py --out $M --shape 35b-a3b
-T "$PY scripts/gpu/gpu_check.py --model $M --no-bench --json $O/moe_check.json > $O/moe_check.log 2>&1; tail -n 20 $O/moe_check.log" 420
+T "$PY scripts/gpu/gpu_check.py --model $M --model-only --json $O/moe_check.json > $O/moe_check.log 2>&1; tail -n 20 $O/moe_check.log" 420
 say demo, 256 tokens: auto, then depth 3
 for d in auto 3; do
   T "$PY scripts/bench/bench.py --model models/demo --depth $d --temperature 0 --top-p 0.95 --top-k 20 --max-tokens 256 --repeats 3 --json $O/demo_t0_256_d$d.json 2>&1 | grep -v 'regex pattern' | tail -n 6" 200
