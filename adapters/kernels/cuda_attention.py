@@ -158,17 +158,37 @@ COMBINE = r"""
   const int row = (b * L + i) * nh + h;
   const int base = row * C;
   // Chunks past this row's keys hold max -inf, sum 0 and zeros: they add exact zeros, so a row's
-  // result is the same whatever C (the last row's, or the batch's widest) is. Unrolled: several chunks'
-  // loads in flight, the sums in chunk order as before.
+  // result is the same whatever C (the last row's, or the batch's widest) is. A block per (head,
+  // row) is few blocks (16 for a decode step's row at the 9B shape) reading C chunks each (1,024 at
+  // 128k keys, 1 MiB of partials): each thread loads CB chunks' values at once, then folds them in
+  // chunk order, the same operations in the same order as one chunk at a time.
+  constexpr int CB = 16;
   float M = -__int_as_float(0x7f800000);  // -inf
-#pragma unroll 8
-  for (int c = 0; c < C; ++c) M = fmaxf(M, pm[base + c]);
+  for (int c0 = 0; c0 < C; c0 += CB) {
+    float mv[CB];
+#pragma unroll
+    for (int j = 0; j < CB; ++j) mv[j] = c0 + j < C ? pm[base + c0 + j] : M;
+#pragma unroll
+    for (int j = 0; j < CB; ++j) if (c0 + j < C) M = fmaxf(M, mv[j]);
+  }
   float l = 0.f, o = 0.f;
-#pragma unroll 8
-  for (int c = 0; c < C; ++c) {
-    const float w = expf(pm[base + c] - M);
-    l += pl[base + c] * w;
-    o += po[(size_t)(base + c) * HD + d] * w;
+  for (int c0 = 0; c0 < C; c0 += CB) {
+    float mv[CB], lv[CB], ov[CB];
+#pragma unroll
+    for (int j = 0; j < CB; ++j) {
+      const bool in = c0 + j < C;
+      mv[j] = in ? pm[base + c0 + j] : 0.f;
+      lv[j] = in ? pl[base + c0 + j] : 0.f;
+      ov[j] = in ? po[(size_t)(base + c0 + j) * HD + d] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < CB; ++j) {
+      if (c0 + j < C) {
+        const float w = expf(mv[j] - M);
+        l += lv[j] * w;
+        o += ov[j] * w;
+      }
+    }
   }
   const float a = static_cast<float>(static_cast<T>(o / l));
   const float gv = static_cast<float>(gate[row * HD + d]);
