@@ -493,6 +493,17 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
     cached = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)   # nothing new compiled
     assert cached.note.startswith("cuda kernels checked in ")
 
+    def parts(backend, *fused):   # a check that took long says where its time went, slowest first
+        kernels.last_check_seconds.clear()
+        kernels.last_check_seconds.update({"row kernel": 0.5, "attention": 3.25, "recurrence": 0.1})
+        return None
+
+    monkeypatch.setattr(backends, "_verdict", parts)
+    monkeypatch.setattr(backends, "SAY_PARTS_FROM", 0.0)
+    monkeypatch.setattr(backends, "_checked_once", set())
+    slow = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert ": attention 3.2 s, row kernel 0.5 s, recurrence 0.1 s (compiled kernels kept in" in slow.note, slow.note
+
 
 def _row_by_row_kernel(calls: list):
     """The row kernel's contract on the CPU: each row computed alone (MLX's quantized matmul one

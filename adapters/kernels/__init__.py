@@ -14,8 +14,9 @@ own path, saying so.
 """
 from __future__ import annotations
 
+import time
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
@@ -161,6 +162,11 @@ def two_tiles(wanted: bool) -> None:
     cuda_qmm.TWO_TILES.update(on=on, why=why)
 
 
+# Seconds each part of the last self_check took (the start-up note names the slowest: on the H200
+# the whole check took 15-21 s a start, with every kernel already compiled).
+last_check_seconds: Dict[str, float] = {}
+
+
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,
                fused_attention: bool = False) -> Optional[str]:
     """Run the kernels once against plain ops; None if they agree, else why not.
@@ -168,6 +174,14 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
     A kernel that fails to compile or disagrees must not silently decode: the adapter falls
     back to MLX's own path, saying so. (We have no Apple GPU: the Metal path proves itself
     here at load.)"""
+    last_check_seconds.clear()
+    clock = [time.perf_counter()]
+
+    def part(name: str) -> None:   # the seconds since the last part, under `name`
+        now = time.perf_counter()
+        last_check_seconds[name] = now - clock[0]
+        clock[0] = now
+
     try:
         key = mx.random.key(seed)
         if backend == "cuda" and row_kernel:
@@ -194,6 +208,7 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
             for m in (1, 3):
                 if not bool(mx.array_equal(cuda_qmm.quantized_matmul_rows(gate_up[:m], wq, s, b, 4, 64, swiglu=True), y[:m])):
                     return f"the quantized matmul's SwiGLU rows change with the row count ({m} vs {cuda_qmm.TILE_ROWS})"
+            part("row kernel")
         q, k, v, g, beta, state = gdn.random_inputs(key, 3, *GDN_CHECK_SHAPE)
         y, states = gdn.gated_delta_steps(q, k, v, g, beta, state, backend=backend)
         y_ref, states_ref = gdn.gated_delta_reference(q, k, v, g, beta, state)
@@ -201,15 +216,20 @@ def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: 
                   *(float(mx.abs(a - b).max()) for a, b in zip(states, states_ref)))
         if not err < 1e-4:
             return f"the Gated-DeltaNet kernel differs from the ops path by {err:.2e}"
+        part("recurrence")
         why = check_gdn_prefill(seed) if backend == "cuda" else None
+        part("prefill recurrence")
         if why:
             return why
         if backend == "cuda" and fused_gdn:
             why = check_fused_gdn(seed)
+            part("fused GDN layer")
             if why:
                 return why
         if backend == "cuda" and fused_attention:
-            return check_attention(seed)
+            why = check_attention(seed)
+            part("attention")
+            return why
         return None
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"

@@ -87,6 +87,7 @@ def _verdict(backend: str, fused_gdn: bool, fused_attention: bool) -> Optional[s
 
 
 _checked_once: set = set()
+SAY_PARTS_FROM = 1.0   # seconds of checking from which the note names its parts (15-21 s a start on the H200)
 
 
 def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str]:
@@ -102,7 +103,9 @@ def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str
     _checked_once.add((backend, fused))
     where = f" (compiled kernels kept in {folder})" if folder else ""
     how = f"compiled {compiled} kernel(s) and checked them" if compiled > 0 else "checked"
-    return why, f"{backend} kernels {how} in {seconds:.1f} s{where}"
+    parts = sorted(kernels.last_check_seconds.items(), key=lambda kv: -kv[1])
+    took = f": {', '.join(f'{name} {s:.1f} s' for name, s in parts)}" if seconds >= SAY_PARTS_FROM and parts else ""
+    return why, f"{backend} kernels {how} in {seconds:.1f} s{took}{where}"
 
 
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
