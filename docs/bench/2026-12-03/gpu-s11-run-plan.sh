@@ -10,14 +10,7 @@
 # 5, 64 and 256 tokens, the decode phase beside the whole run (issue 32's 2.5x); a batch step's
 # graph with two tiles on; the 35B-A3B gpu_check.py (reported); the demo at depth auto and 3 with
 # 256 tokens (auto's observed prices). Last: the PTX cache packed again if anything compiled.
-R=/tmp/repo; O=/tmp/gb; C=/tmp/mtp_chat_q9b; PY=python3
-mkdir -p $R $O
-tar --exclude=./.whl --exclude=./artifacts --exclude=./.venv -cf - . | tar -xf - -C $R; cd $R
-t0=$(date +%s); say() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
-T() { timeout ${2:-420} bash -c "$1"; }
-git rev-parse HEAD 2>/dev/null; git status --short | head
-say checkpoint
-[ -f $C/config.json ] || $PY scripts/gpu/gpu_make_checkpoint.py --out $C
+source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
 say warm-up, untimed
 T "$PY scripts/bench/bench.py --model $C --depth 2 --max-tokens 16 --repeats 1 2>&1 | grep -v 'regex pattern' | tail -n 4" 420
 say agent warm
