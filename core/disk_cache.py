@@ -350,10 +350,13 @@ class DiskCache:
         host = self._prepared(ids, arrays)
         if host is None:
             return False
-        written = self._write(ids, host, meta)
-        del host
-        return_host_copies()
-        return written
+        try:
+            return self._write(ids, host, meta)
+        finally:
+            with self._lock:
+                self._spent.append(host)
+            del host
+            self.release()
 
     def store_soon(self, ids: Sequence[int], arrays: Dict[str, mx.array], meta: dict,
                    done: Optional[Callable[[], None]] = None) -> bool:
@@ -388,7 +391,7 @@ class DiskCache:
         return True
 
     def release(self) -> None:
-        """On the model's thread: drop the host copies the writer is done with (`return_host_copies`)."""
+        """On the model's thread: drop the host copies written (`return_host_copies`)."""
         with self._lock:
             spent, self._spent = self._spent, []
         if spent:

@@ -90,7 +90,7 @@ PARTIALS_SEQUENCE
     for (int u = 0; u < R; ++u) {
       float s = 0.f;
 #pragma unroll
-      for (int e = 0; e < VPL; ++e) s = fmaf(sq[u][lane * VPL + (e + lane / LPB) % VPL], kv[e], s);
+      for (int e = 0; e < VPL; ++e) s = fmaf(sq[u][at(lane * VPL + e)], kv[e], s);
       for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       if (lane == 0) sp[u][j] = s * scale;
     }
