@@ -6,7 +6,9 @@ and the first compile of our few-row matmul variants took ~217 s on a fresh H200
 before MLX starts, the cache is pointed at ~/.cache/mtp-chat/ptx/<mlx version>/<GPU model and
 compute capability> (one folder per GPU architecture: MLX names its entries by kernel and shape
 only, and a PTX of one architecture loaded on another aborts). A user's own MLX_PTX_CACHE_DIR
-wins. On a machine without MLX CUDA nothing is set.
+wins. On a machine without MLX CUDA nothing is set. MLX writes only its own kernels there; ours
+(mx.fast.cuda_kernel) it compiles in every process and never writes, so kernels/jit_cache.py
+writes their entries itself, once per machine.
 """
 from __future__ import annotations
 
@@ -78,8 +80,9 @@ def folder() -> Optional[str]:
 
 
 def entries(path: Optional[str]) -> int:
-    """How many compiled kernels the cache holds (0 without one)."""
+    """How many compiled kernels the cache holds (0 without one): one .ptx file each (beside it
+    MLX keeps the symbols, .txt, and for its own kernels the source, .cu)."""
     try:
-        return sum(1 for p in Path(path).iterdir() if p.is_file()) if path else 0
+        return sum(1 for _ in Path(path).rglob("*.ptx")) if path else 0
     except OSError:
         return 0

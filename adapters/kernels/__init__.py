@@ -6,7 +6,8 @@
 - `gdn`: the Gated-DeltaNet recurrence keeping every state (the reference as MLX ops, and one
   kernel launch for T <= 8 positions on CUDA and Metal), and a prefill chunk's recurrence as
   one CUDA launch whatever its length (only the final state kept);
-- `cpu_attention`: causal attention of a prefill chunk over a long cache on MLX's CPU backend.
+- `cpu_attention`: causal attention of a prefill chunk over a long cache on MLX's CPU backend;
+- `jit_cache`: each CUDA kernel variant compiled once per machine (MLX keeps ours in memory only).
 
 A kernel that fails to compile or disagrees with its reference must not silently decode:
 `self_check` runs them once against plain ops at load, and the family falls back to MLX's
@@ -20,7 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
-from . import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused
+from . import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused, jit_cache  # noqa: F401  (jit_cache: backends reads its stats)
 from .cuda_qmm import cuda_available
 
 

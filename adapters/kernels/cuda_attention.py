@@ -27,6 +27,7 @@ from typing import Optional
 
 import mlx.core as mx
 
+from . import jit_cache
 from .naming import versioned
 
 CHUNK = 128  # keys per partial: fixed positions in the cache, so a row's split never depends on L
@@ -212,7 +213,7 @@ def partials_source(B: int) -> str:
 @lru_cache(maxsize=None)
 def _partials(B: int = 1):
     source = partials_source(B)
-    return mx.fast.cuda_kernel(name=versioned(f"mtp_attn_partials_{B}", source),
+    return jit_cache.cuda_kernel(name=versioned(f"mtp_attn_partials_{B}", source),
                                input_names=["q", *(f"k_{i}" for i in range(B)), *(f"v_{i}" for i in range(B)), "consts"],
                                output_names=["pm", "pl", "po"], source=source, ensure_row_contiguous=False)
 
@@ -224,7 +225,7 @@ def _scale(scale: float) -> mx.array:
 
 @lru_cache(maxsize=None)
 def _combine():
-    return mx.fast.cuda_kernel(name=versioned("mtp_attn_combine", COMBINE), input_names=["pm", "pl", "po", "gate"],
+    return jit_cache.cuda_kernel(name=versioned("mtp_attn_combine", COMBINE), input_names=["pm", "pl", "po", "gate"],
                                output_names=["y"], source=COMBINE)
 
 

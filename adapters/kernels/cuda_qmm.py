@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import jit_cache
 from .naming import versioned
 
 TILE_ROWS = 8  # one mma tile of token columns
@@ -335,7 +336,7 @@ _RESIDUAL = "out = static_cast<T>(static_cast<float>(out) + static_cast<float>(r
 @lru_cache(maxsize=None)
 def _qmm_kernel(residual: bool, swiglu: bool = False):
     source = _strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else ""))
-    return mx.fast.cuda_kernel(
+    return jit_cache.cuda_kernel(
         name=versioned("mtp_qmv" + ("_swiglu" if swiglu else "") + ("_res" if residual else ""), source,
                        _strip(QMM_HEADER)),
         input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []),

@@ -22,6 +22,7 @@ from typing import List, Tuple
 
 import mlx.core as mx
 
+from . import jit_cache
 from .naming import versioned
 
 GDN_MAX_T = 8
@@ -150,7 +151,7 @@ def _gdn_kernel(T: int, backend: str):
     names = dict(name=versioned(f"mtp_gdn_steps_{T}", source, header), input_names=["q", "k", "v", "g", "beta", "state_in"],
                  output_names=[f"state_{i}" for i in range(T)] + ["y"], source=source, header=header)
     if backend == "cuda":
-        return mx.fast.cuda_kernel(**names)
+        return jit_cache.cuda_kernel(**names)
     return mx.fast.metal_kernel(**names)
 
 
@@ -194,7 +195,7 @@ def prefill_source() -> str:
 
 @lru_cache(maxsize=None)
 def _prefill_kernel():
-    return mx.fast.cuda_kernel(name=versioned("mtp_gdn_prefill", prefill_source(), _CUDA_HEADER),
+    return jit_cache.cuda_kernel(name=versioned("mtp_gdn_prefill", prefill_source(), _CUDA_HEADER),
                                input_names=["q", "k", "v", "g", "beta", "state_in"],
                                output_names=["y", "state_out"], source=prefill_source(), header=_CUDA_HEADER)
 

@@ -26,6 +26,7 @@ from typing import List, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import jit_cache
 from .naming import versioned
 
 MAX_T = 8
@@ -162,7 +163,7 @@ def fused_source(T: int) -> str:
 
 @lru_cache(maxsize=None)
 def _kernel(T: int):
-    return mx.fast.cuda_kernel(
+    return jit_cache.cuda_kernel(
         name=versioned(f"mtp_gdn_fused_{T}", fused_source(T)),
         input_names=["proj", "conv_state", "conv_w", "neg_a", "dt_bias", "norm_w", "consts", "state_in"],
         output_names=["y", "conv_input"] + [f"state_{i}" for i in range(T)],

@@ -97,11 +97,14 @@ def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str
     if (backend, fused) in _checked_once:
         return _verdict(backend, *fused), f"{backend} kernels checked earlier in this process"
     folder = kernel_cache.folder() if backend == "cuda" else None
-    before, t0 = kernel_cache.entries(folder), time.perf_counter()
+    before, failed, t0 = kernel_cache.entries(folder), kernels.jit_cache.stats["failed"], time.perf_counter()
     why = _verdict(backend, *fused)
     seconds, compiled = time.perf_counter() - t0, kernel_cache.entries(folder) - before
     _checked_once.add((backend, fused))
     where = f" (compiled kernels kept in {folder})" if folder else ""
+    failed = kernels.jit_cache.stats["failed"] - failed
+    if failed:   # MLX compiled those itself, as in every process before (kernels/jit_cache.py)
+        where += f"; {failed} of ours not kept on disk ({kernels.jit_cache.errors[0] if kernels.jit_cache.errors else '?'})"
     how = f"compiled {compiled} kernel(s) and checked them" if compiled > 0 else "checked"
     parts = sorted(kernels.last_check_seconds.items(), key=lambda kv: -kv[1])
     took = f": {', '.join(f'{name} {s:.1f} s' for name, s in parts)}" if seconds >= SAY_PARTS_FROM and parts else ""

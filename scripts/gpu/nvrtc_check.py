@@ -3,7 +3,7 @@
 
 Run with the project's venv (it imports the kernel modules, which import mlx):
     .venv/bin/python scripts/gpu/nvrtc_check.py [--cuda 13|12] [--arch sm_90a] [--all] [-k FILTER]
-                                                   [--dump DIR] [--log] [--project DIR] [--no-pch] [-j N]
+                                                   [--dump DIR] [--log] [--project DIR] [--no-pch] [-j N] [--prelude]
 Exit status 1 when any variant fails. Toolkits: `sh scripts/gpu/nvrtc_setup.sh` (PyPI wheels, unpacked in
 $NVRTC_DIR/site13 and site12; NVRTC_DIR defaults to /tmp/nvc); MLX's device headers in $NVRTC_DIR/mlxinc
 (ml-explore/mlx mlx/backend/cuda/device/, commit in mlxinc/MLX_COMMIT). Why: a kernel that does not compile,
@@ -24,11 +24,14 @@ How it works
 - Compiled with NVRTC (ctypes) with MLX's options (jit_module.cpp: --device-as-default-execution-space,
   --gpu-architecture=sm_90a for an H100/H200, include paths for MLX's device headers, CCCL, CUDA
   headers) plus --std=c++17 (NVRTC's default anyway) and --ptxas-options=-v for registers/spills.
+- --prelude: each variant also compiled as adapters/kernels/jit_cache.py compiles it to seed MLX's
+  kernel cache (utils.cuh, which the wheels do not ship, replaced by a prelude), and its functions'
+  PTX compared with MLX's own source's: "seeded PTX: same" for every variant is what lets the
+  seeded modules stand in for the ones MLX would build (70/70 at commit time).
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import re
 import sys
@@ -45,140 +48,22 @@ TOOLKITS = {
                inc=[f"{HERE}/site12/nvidia/cuda_cccl/include", f"{HERE}/site12/nvidia/cuda_runtime/include"]),
 }
 
-# ----------------------------------------------------------------------------------- NVRTC
-class Nvrtc:
-    def __init__(self, path: str):
-        self.lib = ctypes.CDLL(path)
-        L = self.lib
-        L.nvrtcGetErrorString.restype = ctypes.c_char_p
-        L.nvrtcCreateProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
-                                         ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                                         ctypes.POINTER(ctypes.c_char_p)]
-        L.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        for f in ("nvrtcGetProgramLogSize", "nvrtcGetPTXSize", "nvrtcGetCUBINSize"):
-            getattr(L, f).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        for f in ("nvrtcGetProgramLog", "nvrtcGetPTX", "nvrtcGetCUBIN"):
-            getattr(L, f).argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        L.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        L.nvrtcAddNameExpression.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        L.nvrtcGetLoweredName.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
-
-    def pch_heap(self, size: int) -> bool:
-        # automatic precompiled headers (NVRTC >= 12.4): the first compile of a run parses utils.cuh,
-        # CCCL and cooperative_groups once (~320 MB heap); every later one reuses it (~6 s -> ~1.5 s)
-        f = getattr(self.lib, "nvrtcSetPCHHeapSize", None)
-        if f is None:
-            return False
-        f.argtypes = [ctypes.c_size_t]
-        return f(size) == 0
-
-    def version(self):
-        a, b = ctypes.c_int(), ctypes.c_int()
-        self.lib.nvrtcVersion(ctypes.byref(a), ctypes.byref(b))
-        return a.value, b.value
-
-    def _check(self, rc, what):
-        if rc != 0:
-            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(rc).decode()}")
-
-    def _get(self, prog, size_fn, get_fn):
-        n = ctypes.c_size_t()
-        self._check(getattr(self.lib, size_fn)(prog, ctypes.byref(n)), size_fn)
-        buf = ctypes.create_string_buffer(n.value)
-        self._check(getattr(self.lib, get_fn)(prog, buf), get_fn)
-        return buf.raw
-
-    def compile(self, source: str, name: str, options, kernel_names=()):
-        """-> (ok, log, ptx bytes or None, cubin bytes or None, {name: lowered})"""
-        prog = ctypes.c_void_p()
-        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), (name + ".cu").encode(),
-                                                0, None, None), "nvrtcCreateProgram")
-        try:
-            for k in kernel_names:
-                self._check(self.lib.nvrtcAddNameExpression(prog, k.encode()), "nvrtcAddNameExpression")
-            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-            rc = self.lib.nvrtcCompileProgram(prog, len(options), opts)
-            log = self._get(prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").rstrip(b"\0").decode(errors="replace")
-            if rc != 0:
-                return False, log, None, None, {}
-            lowered = {}
-            for k in kernel_names:
-                p = ctypes.c_char_p()
-                self._check(self.lib.nvrtcGetLoweredName(prog, k.encode(), ctypes.byref(p)), "nvrtcGetLoweredName")
-                lowered[k] = p.value.decode()
-            ptx = cubin = None
-            try:
-                cubin = self._get(prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")
-            except RuntimeError:
-                pass
-            try:
-                ptx = self._get(prog, "nvrtcGetPTXSize", "nvrtcGetPTX")
-            except RuntimeError:
-                pass
-            return True, log, ptx, cubin, lowered
-        finally:
-            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+def _jit_cache(project: str = PROJECT):
+    """adapters/kernels/jit_cache.py: NVRTC through ctypes, and MLX's custom-kernel source and
+    names (mlx/backend/cuda/custom_kernel.cpp build_kernel, transliterated)."""
+    sys.path.insert(0, project)
+    import adapters  # noqa: F401  (first: it preloads BLAS before mlx loads)
+    from adapters.kernels import jit_cache
+    return jit_cache
 
 
-# ----------------------------------------------------- MLX's custom-kernel source, as built in C++
-DEFAULT_HEADER = """
-#include "mlx/backend/cuda/device/utils.cuh"
-
-#include <cooperative_groups.h>
-
-"""
-
-
-def cuda_type(dt) -> str:
-    import mlx.core as mx
-    return {mx.bool_: "bool", mx.int8: "int8_t", mx.int16: "int16_t", mx.int32: "int32_t", mx.int64: "int64_t",
-            mx.uint8: "uint8_t", mx.uint16: "uint16_t", mx.uint32: "uint32_t", mx.uint64: "uint64_t",
-            mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.float32: "float", mx.float64: "double",
-            mx.complex64: "mlx::core::cu::complex64_t"}[dt]
-
-
-def type_string(dt) -> str:  # get_type_string, for the name hash
-    return str(dt).split(".")[-1]
-
-
-def build_kernel(spec, call):
-    """mlx/backend/cuda/custom_kernel.cpp build_kernel(), transliterated."""
-    tmpl = call["template"]
-    h = ""
-    for n, a in tmpl:
-        if isinstance(a, bool):
-            h += "_t" if a else "_f"
-        elif isinstance(a, int):
-            h += f"_{a}"
-        else:
-            h += "_" + type_string(a)
-    func = "custom_kernel_" + spec["name"] + h
-    src = spec["source"]
-    s = DEFAULT_HEADER + spec["header"] + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
-    s += f"__global__ void {func}(\n"
-    for name, (dt, ndim) in zip(spec["input_names"], call["inputs"]):
-        s += f"    const {cuda_type(dt)}* {name},\n"
-        if ndim > 0:
-            if name + "_shape" in src:
-                s += f"    const __grid_constant__ Shape {name}_shape,\n"
-            if name + "_strides" in src:
-                s += f"    const __grid_constant__ Strides {name}_strides,\n"
-            if name + "_ndim" in src:
-                s += f"    const __grid_constant__ int {name}_ndim,\n"
-    outs = spec["output_names"]
-    for i, (name, dt) in enumerate(zip(outs, call["output_dtypes"])):
-        s += f"    {cuda_type(dt)}* {name}" + (",\n" if i < len(outs) - 1 else ") {\n")
-    if tmpl:
-        for n, a in tmpl:
-            if isinstance(a, bool):
-                s += f"  constexpr bool {n} = {'true' if a else 'false'};\n"
-            elif isinstance(a, int):
-                s += f"  constexpr int {n} = {a};\n"
-            else:
-                s += f"  using {n} = {cuda_type(a)};\n"
-        s += "\n"
-    s += src + "\n}\n\n} // namespace mlx::core::cu\n"
-    return func, s
+def build_kernel(spec, call, prelude: bool = False):
+    """(kernel function name, the source MLX builds for this launch); `prelude`: with
+    jit_cache's stand-in for utils.cuh, as the cache seeding compiles it."""
+    jc = _jit_cache()
+    func = jc.kernel_name(spec["name"], call["template"])
+    header = jc.SEED_HEADER if prelude else jc.DEFAULT_HEADER
+    return func, jc.mlx_source(func, spec, call["inputs"], call["output_dtypes"], call["template"], header)
 
 
 # ------------------------------------------------------------- record what the wrappers launch
@@ -332,7 +217,19 @@ def parse_ptxas(log: str):
     return info
 
 
-def one(nv, label, call, options, dump):
+def _ptx_body(ptx: bytes) -> str:
+    """The PTX's functions (kernels and device functions), without the global constants the
+    headers declare (utils.cuh's includes add numeric_limits members no kernel reads)."""
+    keep, out = False, []
+    for line in (ptx or b"").decode(errors="replace").splitlines():
+        keep = keep or line.startswith((".visible .entry", ".func", ".weak .func", ".visible .func"))
+        if keep:
+            out.append(line)
+            keep = line != "}"
+    return "\n".join(out)
+
+
+def one(nv, label, call, options, dump, prelude=False):
     spec = call["spec"]
     func, src = build_kernel(spec, call)
     if dump:
@@ -342,8 +239,13 @@ def one(nv, label, call, options, dump):
     t0 = time.time()
     ok, log, ptx, cubin, lowered = nv.compile(src, spec["name"], options, ["mlx::core::cu::" + func])
     dt = time.time() - t0
+    same = None
+    if prelude and ok:  # what the cache seeding compiles: the same PTX as MLX's own source?
+        func2, src2 = build_kernel(spec, call, prelude=True)
+        ok2, log2, ptx2, _, _ = nv.compile(src2, spec["name"], options, ["mlx::core::cu::" + func2])
+        same = ok2 and _ptx_body(ptx2) == _ptx_body(ptx)
     threads = call["threadgroup"][0] * call["threadgroup"][1] * call["threadgroup"][2]
-    return dict(label=label, ok=ok, log=log, secs=dt, threads=threads, info=parse_ptxas(log) if ok else {},
+    return dict(label=label, ok=ok, log=log, secs=dt, threads=threads, info=parse_ptxas(log) if ok else {}, same=same,
                 warnings=[l for l in log.splitlines() if "warning" in l.lower() and "precompiled header" not in l]
                 if ok else [])
 
@@ -359,10 +261,13 @@ def main():
     ap.add_argument("-j", type=int, default=2, help="parallel compiles")
     ap.add_argument("--project", default=PROJECT, help="the checkout whose adapters/kernels are compiled")
     ap.add_argument("--no-pch", action="store_true", help="no precompiled header (each compile parses the headers)")
+    ap.add_argument("--prelude", action="store_true",
+                    help="also compile each variant as adapters/kernels/jit_cache.py seeds MLX's cache (utils.cuh "
+                         "replaced by its prelude) and compare the PTX with MLX's own source's")
     args = ap.parse_args()
 
     tk = TOOLKITS[args.cuda]
-    nv = Nvrtc(tk["lib"])
+    nv = _jit_cache(args.project).Nvrtc(tk["lib"])
     options = ["--device-as-default-execution-space", f"--gpu-architecture={args.arch}",
                f"--include-path={MLX_INC}"] + [f"--include-path={p}" for p in tk["inc"]] + \
               ["--std=c++17", "--ptxas-options=-v"]
@@ -382,7 +287,7 @@ def main():
             if call is None:
                 jobs.append((label, err))
                 continue
-            jobs.append(ex.submit(one, nv, label, call, options, args.dump))
+            jobs.append(ex.submit(one, nv, label, call, options, args.dump, args.prelude))
             if first and pch_dir:  # the first compile makes the precompiled header the others use
                 jobs[-1].result()
                 first = False
@@ -415,6 +320,9 @@ def main():
                 flag += "  !! spills"
             if r["warnings"]:
                 flag += f"  ({len(r['warnings'])} warning(s))"
+            if r["same"] is not None:
+                flag += "  seeded PTX: same" if r["same"] else "  !! seeded PTX differs"
+                failed += not r["same"]
             print(f"{r['label']:44s} OK     {regs if regs is not None else '?':>4} "
                   f"{str(i.get('spill_st', '?')) + '/' + str(i.get('spill_ld', '?')):>11s} {i.get('stack', '?'):>5} "
                   f"{i.get('smem', '?'):>6} {r['threads']:>4} {rt if rt is not None else '?':>8} {r['secs']:5.1f}{flag}")
