@@ -289,3 +289,19 @@ def test_the_gpu_prefill_script_runs_with_the_stand_in(tmp_path, monkeypatch):
     assert set(report["chunk_sweep"]["chunks"]) == {"16", "32"} and report["chunk_sweep"]["fastest"] in (16, 32)
     ref = report["fp32_reference"]  # both prefills held to a float32 run of the same weights
     assert ref["tokens"] == 40 and 0 <= ref["ours_vs_fp32"] < 0.05 and 0 <= ref["mlx_lm_vs_fp32"] < 0.05
+
+
+def test_the_chunk_probe_takes_a_restored_chunk_apart(tmp_path):
+    """scripts/gpu/gpu_chunk_probe.py on the demo model at a small depth: a snapshot at the mark,
+    then each size of new tokens restored, copied and through the engine, each part timed."""
+    from scripts.gpu import gpu_chunk_probe
+
+    out = tmp_path / "probe.json"
+    assert gpu_chunk_probe.main(["--model", "models/demo", "--depth", "100", "--tokens", "5", "40", "--repeats", "2",
+                                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["depth"] == 100 and set(report["sizes"]) == {"5", "40"}
+    for row in report["sizes"].values():
+        assert all(len(row[k]) == 2 for k in ("restored", "copied", "engine"))
+        assert all(r["total_s"] >= r["trunk_s"] > 0 for r in row["restored"] + row["copied"])
+        assert row["engine"][0]["parts"]["chunks"] == 1 and row["median_after_first"]["engine"] > 0

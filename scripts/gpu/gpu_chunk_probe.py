@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Where a warm agent turn's prefill time goes: one chunk of new tokens after a restored snapshot.
+
+    python scripts/gpu/gpu_chunk_probe.py --model /tmp/q9b --depth 20000 --json out.json
+        [--tokens 5 64 200 512] [--repeats 3]
+
+Why: on the H200 (docs/bench/2026-12-03/GPU.md, section 11) a warm turn of the agent session
+prefilled its new tokens at about 0.30 s + 0.175 ms a token at ~21k tokens of depth, where a
+512-token chunk of the first turn took 0.10 s on average: a fixed ~0.3 s a turn, in its first
+chunk. This takes one such chunk apart, on the engine's own prefill path (core/stream.py):
+a prompt of `--depth` tokens is prefilled once with a mark at its end (a snapshot in an
+in-memory prefix cache, as the app keeps them), then for each size N of new tokens, repeatedly
+and in turn: fresh caches, the snapshot restored (`restore`, then its arrays evaluated: `restore_s`),
+the N tokens through the trunk (`trunk_s`: forward and evaluation of the caches), the drafter
+absorbing them (`absorb_s`), each timed to a synchronisation. The same again with the restored
+KV arrays copied first (`copied`: the chunk's writes then update buffers no snapshot holds,
+which they can do in place), and the whole chunk as the engine runs it (`prefill_chunks`, its
+`prefill_parts`). The first repeat of a size shows what a first use costs (compiles, plans),
+the others the steady state.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import adapters  # noqa: E402,F401  (first: BLAS preload, the kernel cache's folder)
+import mlx.core as mx  # noqa: E402
+
+from adapters import load_adapter  # noqa: E402
+from core import PrefixCache  # noqa: E402
+from core.stream import Prompt, prefill_chunks, run_through  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
+
+
+def sync() -> float:
+    mx.synchronize()
+    return time.perf_counter()
+
+
+def one_chunk(ad, pc, prompt: Prompt, depth: int, copied: bool) -> dict:
+    """Restore the snapshot at `depth`, then run prompt[depth:] as one chunk, each part timed."""
+    cache = ad.make_cache()
+    draft = ad.make_draft(cache)
+    snap = pc.lookup(prompt.key)
+    assert snap is not None and snap.length == depth, "the snapshot at the mark was not found"
+    t = sync()
+    ad.restore(snap.state, cache, draft)
+    if copied:   # buffers of their own: nothing else holds them, the chunk's writes can go in place
+        for c in list(cache) + [draft]:
+            if hasattr(c, "keys") and c.keys is not None:
+                c.keys, c.values = mx.array(c.keys) + 0, mx.array(c.values) + 0
+    mx.eval(ad.state_arrays(cache, draft))
+    t1 = sync()
+    tokens = mx.array(prompt.ids[depth:], dtype=mx.int32)[None]
+    logits, hidden, _ = ad.forward(tokens, cache, all_logits=False, fast=False)
+    mx.eval(logits, hidden, ad.state_arrays(cache, None))
+    t2 = sync()
+    hs = mx.concatenate([snap.hidden, hidden[:, :-1]], axis=1)
+    ad.absorb(draft, cache, hs, tokens[:, -hs.shape[1]:])
+    mx.eval(draft.state)
+    t3 = sync()
+    return {"restore_s": t1 - t, "trunk_s": t2 - t1, "absorb_s": t3 - t2, "total_s": t3 - t}
+
+
+def engine_chunk(ad, pc, prompt: Prompt) -> dict:
+    """The same chunk as the engine runs it (lookup, restore, forward, absorb, one evaluation)."""
+    cache = ad.make_cache()
+    draft = ad.make_draft(cache)
+    t = sync()
+    done = run_through(prefill_chunks(ad, prompt, cache, draft, pc))
+    return {"total_s": sync() - t, "parts": done.parts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--depth", type=int, default=20000)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[5, 64, 200, 512])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+
+    ad = load_adapter(a.model)
+    log(f"loaded: {ad.describe()}")
+    vocab = min(ad.vocab_size, 150_000)
+    ids = [(7919 * i + 13) % (vocab - 1000) + 500 for i in range(a.depth + max(a.tokens))]
+    pc = PrefixCache(64 << 30)
+    cache = ad.make_cache()
+    draft = ad.make_draft(cache)
+    t = sync()
+    run_through(prefill_chunks(ad, Prompt(tuple(ids[:a.depth + 1]), (a.depth,)), cache, draft, pc))
+    log(f"prefilled {a.depth + 1} tokens in {sync() - t:.2f} s; snapshots: {len(pc)}")
+    del cache, draft
+
+    out = {"model": a.model, "describe": ad.describe(), "mlx": mx.__version__, "depth": a.depth,
+           "commit": _commit(), "sizes": {}}
+    for n in a.tokens:
+        out["sizes"][str(n)] = {"restored": [], "copied": [], "engine": []}
+    for r in range(a.repeats):
+        for n in a.tokens:
+            prompt = Prompt(tuple(ids[:a.depth + n]), ())
+            row = out["sizes"][str(n)]
+            row["restored"].append(one_chunk(ad, pc, prompt, a.depth, copied=False))
+            row["copied"].append(one_chunk(ad, pc, prompt, a.depth, copied=True))
+            row["engine"].append(engine_chunk(ad, pc, prompt))
+            got = row["restored"][-1]
+            log(f"repeat {r}, {n} new tokens: restored {got['total_s']:.3f} s (restore {got['restore_s']:.3f}, "
+                f"trunk {got['trunk_s']:.3f}, absorb {got['absorb_s']:.3f}); copied first "
+                f"{row['copied'][-1]['total_s']:.3f} s; engine {row['engine'][-1]['total_s']:.3f} s")
+    for n, row in out["sizes"].items():
+        later = lambda k, part="total_s": statistics.median(x[part] for x in row[k][1:]) if len(row[k]) > 1 else None
+        row["median_after_first"] = {k: later(k) for k in ("restored", "copied", "engine")}
+        row["median_after_first_parts"] = {p: later("restored", p) for p in ("restore_s", "trunk_s", "absorb_s")}
+    Path(a.json).write_text(json.dumps(out, indent=1))
+    for n, row in out["sizes"].items():
+        log(f"{n:>4} new tokens, medians after the first: {row['median_after_first']} "
+            f"parts {row['median_after_first_parts']}")
+    log(f"wrote {a.json}")
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
