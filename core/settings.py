@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     cache_dir: Optional[str] = None
     disk_cache_mb: int = Field(4096, ge=0)
     disk_cache_ttl_hours: float = Field(168.0, ge=0)
+    # After a reply the app snapshots the conversation, reply included, in idle time (the next
+    # turn then prefills only its new message), once this many seconds have passed without a
+    # request: an agent whose next request comes sooner prefills the reply with it instead of
+    # waiting for the snapshot (webapp/serving/model.py, remember).
+    history_grace_s: float = Field(1.0, ge=0)
     # Caps the context below the model's own (max_position_embeddings), in tokens; None = the model's.
     max_context: Optional[int] = Field(None, ge=64)
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.

@@ -199,9 +199,16 @@ def cache_history(adapter, history: Prompt, prefix_cache) -> int:
     that the next turn prefills only its new message. Run after a reply, in idle time; it
     prefills from the longest snapshot there is (the one before this reply's generation
     prompt). Returns the tokens snapshotted."""
+    return run_through(history_steps(adapter, history, prefix_cache))
+
+
+def history_steps(adapter, history: Prompt, prefix_cache, stop: Optional[threading.Event] = None) -> Iterator[int]:
+    """cache_history one prefill chunk per next() (its return value: the tokens snapshotted); a
+    set `stop` ends it between chunks (PrefillStopped)."""
     n = len(history.ids)
     cache = adapter.make_cache()
-    prefill(adapter, Prompt(tuple(history.ids), (n,), history.images), cache, adapter.make_draft(cache), prefix_cache)
+    yield from prefill_chunks(adapter, Prompt(tuple(history.ids), (n,), history.images), cache,
+                              adapter.make_draft(cache), prefix_cache, stop)
     return n
 
 

@@ -6,7 +6,9 @@ The calls are forced (tool_choice naming the function), so the grammar writes a 
 call whatever the tiny checkpoint's weights say (tests/test_api_tools.py has a model trained to
 call tools by itself). From the second turn on, each turn prefills exactly what it adds (the
 tool's result and the generation prompt): the reply of the turn before was snapshotted as the
-client sends it back (api_run.Run.said)."""
+client sends it back (api_run.Run.said). These clients pause before each turn until that
+snapshot is taken, as a person or a slow tool would; an agent that comes back at once prefills
+the reply with its turn instead of waiting for it (the last test)."""
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +33,7 @@ TURNS = 5
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
     host = make_host(tiny_checkpoint(template="qwen3_5"))
+    host.history_grace = 0.0   # the snapshot as soon as the model is idle: the paced clients wait less
     with served(host) as (url, _):
         yield url, host
 
@@ -39,8 +42,14 @@ class Conversation:
     """The loop as the chat template sees it, whichever protocol carried it: what the server
     must render, and how many tokens each turn adds to the snapshot of the turn before."""
 
-    def __init__(self, host, ask: str):
-        self.host, self.msgs, self.checked = host, [{"role": "user", "content": ask}], 0
+    def __init__(self, host, ask: str, paced: bool = True):
+        self.host, self.msgs, self.checked, self.paced = host, [{"role": "user", "content": ask}], 0, paced
+        self.marks = ()   # the last turn's prompt marks: where its prefill left snapshots
+
+    def pace(self) -> None:
+        """Before a turn: the client pauses until the server has snapshotted the last reply."""
+        if self.paced:
+            assert self.host.wait_for_history(30)
 
     def call(self, args: dict) -> None:
         self.msgs += [{"role": "assistant", "content": "", "tool_calls": [
@@ -54,11 +63,15 @@ class Conversation:
 
         full = chat_prompt(self.host.adapter, self.msgs, tools=WEATHER, enable_thinking=False)
         assert prompt_tokens == len(full.ids)
-        if len(self.msgs) > 1:                       # the turn adds the tool's result and the generation prompt
+        if len(self.msgs) > 1 and self.paced:        # the turn adds the tool's result and the generation prompt
             before = history_prompt(self.host.adapter, self.msgs[:-1], tools=WEATHER, enable_thinking=False)
             assert full.ids[:len(before.ids)] == before.ids
             assert mtp["prefilled_tokens"] == len(full.ids) - len(before.ids), (len(self.msgs), mtp)
             assert mtp["cached_tokens"] == len(before.ids)
+        elif len(self.msgs) > 1:                     # at once: from the last turn's own snapshot, its reply prefilled
+            assert mtp["cached_tokens"] == max(self.marks), (len(self.msgs), mtp, self.marks)
+            assert mtp["prefilled_tokens"] == len(full.ids) - max(self.marks)
+        self.marks = full.marks
         self.checked += 1
 
 
@@ -69,6 +82,7 @@ def test_chat_completions_tool_loop_prefills_only_what_each_turn_adds(server):
     conv, messages = Conversation(host, ask), [{"role": "user", "content": ask}]
     force = {"type": "function", "function": {"name": "get_weather"}}
     for k in range(TURNS):
+        conv.pace()
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
                                            temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
         conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
@@ -80,6 +94,7 @@ def test_chat_completions_tool_loop_prefills_only_what_each_turn_adds(server):
         conv.result(f"sunny {k}")
         messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                      {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+    conv.pace()
     r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, temperature=0, max_tokens=4,
                                        extra_body={"enable_thinking": False})
     conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
@@ -97,6 +112,7 @@ def test_anthropic_tool_use_loop_with_tool_result(server, stream):
         kw = dict(model=MODEL, max_tokens=64, messages=messages, tools=tools, thinking={"type": "disabled"},
                   tool_choice={"type": "tool", "name": "get_weather"} if k < TURNS else {"type": "auto"},
                   extra_body={"temperature": 0})
+        conv.pace()
         if stream:
             with client.messages.stream(**kw) as s:
                 events = list(s)
@@ -133,6 +149,7 @@ def test_responses_function_call_loop(server, chained):
     ask = ASK + f" (responses, chained={chained})"
     conv, items, prev = Conversation(host, ask), [{"role": "user", "content": ask}], None
     for k in range(TURNS + 1):
+        conv.pace()
         r = client.responses.create(model=MODEL, input=items if prev is None else items[-1:], previous_response_id=prev,
                                     tools=tools, temperature=0, max_output_tokens=64, reasoning={"effort": "none"},
                                     tool_choice={"type": "function", "name": "get_weather"} if k < TURNS else "auto",
@@ -185,3 +202,39 @@ def test_an_openai_agents_run_on_its_default_responses_path(server):
     assert isinstance(result.final_output, Report)
     kinds = [item.type for item in result.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+
+
+def test_an_agent_that_comes_back_at_once_prefills_the_reply_instead_of_waiting(server):
+    """The next call comes before the last reply's snapshot was taken (here: its grace is a
+    minute): the waiting snapshot is dropped, nobody waits for it, and the turn starts from the
+    last turn's own snapshot (its prompt's last mark) and prefills the reply with its new
+    message. The calls are the ones a paced client gets (the state is the same either way)."""
+    url, host = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    force = {"type": "function", "function": {"name": "get_weather"}}
+    said = {}
+    for paced in (True, False):
+        assert host.wait_for_history(30)   # the snapshots of the test before, at its grace (0)
+        host.history_grace = 0.0 if paced else 60.0
+        host.prefix_cache.clear()          # one conversation, asked twice: the second starts afresh
+        ask = ASK + " (at once)"
+        conv, messages, calls = Conversation(host, ask, paced=paced), [{"role": "user", "content": ask}], []
+        for k in range(3):
+            conv.pace()
+            r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
+                                               temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
+            if not paced or k == 0:
+                conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
+            call = r.choices[0].message.tool_calls[0]
+            calls.append(call.function.arguments)
+            conv.call(json.loads(call.function.arguments))
+            conv.result(f"sunny {k}")
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                         {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+        said[paced] = calls
+    assert said[True] == said[False]
+    with host._histories_lock:   # the first two replies' snapshots were dropped; the last one's waits
+        assert [p.stop.is_set() for p in host._histories] in ([True, True, False], [True, False], [False])
+    host.history_grace = 0.0
+    host.histories_now()
+    assert host.wait_for_history(30)
