@@ -156,7 +156,9 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         took = time.perf_counter() - t
         parts["chunks_s"] += took
         parts["chunks"] += 1
-        parts["last_chunk_tokens"], parts["last_chunk_s"] = b - a, took   # the rate at the prompt's depth
+        parts["last_chunk_tokens"], parts["last_chunk_s"] = b - a, took
+        if b - a == chunk:   # the last whole chunk: the prefill's rate at the prompt's depth
+            parts["full_chunk_tokens"], parts["full_chunk_s"] = b - a, took
         if prefix_cache is not None and draft is not None and b in prompt.marks:
             t = time.perf_counter()
             prefix_cache.store(Snapshot(tuple(key[:b]), adapter.snapshot(cache, draft), h_last))
