@@ -152,3 +152,31 @@ def test_every_cuda_kernel_of_ours_goes_through_it(make, monkeypatch):
         for f in (cuda_qmm._qmm_kernel, cuda_attention._partials, cuda_attention._combine, gdn._gdn_kernel,
                   gdn._prefill_kernel, gdn_fused._kernel):
             f.cache_clear()
+
+
+def test_the_warm_up_builds_the_long_context_and_batch_attention_launches(tiny_checkpoint, monkeypatch):
+    """HybridAdapter.prepare_kernels with the CUDA runner: every verify width's launch past
+    ROWS_BLOCK_FROM keys (a template per row count) and each batch size's, built and seeded, none
+    evaluated; nothing on a backend without the kernels."""
+    from adapters import load_adapter
+    from adapters.qwen3_5 import backends
+
+    ad = load_adapter(tiny_checkpoint(head_dim=128, num_heads=4, num_kv_heads=2, dtype="bfloat16"),
+                      compute_dtype="native")
+    assert ad.prepare_kernels(range(2, 5)) == 0                      # the CPU's backend: no kernels
+    launched, seeded = [], []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: (lambda **call: launched.append(call) or [
+        mx.zeros(s, d) for s, d in zip(call["output_shapes"], call["output_dtypes"])]))
+    monkeypatch.setattr(jc, "compiler", lambda: (FakeNvrtc(), ()))
+    monkeypatch.setattr(jc, "seed", lambda spec, inputs, outs, tmpl: seeded.append((spec["name"], dict(tmpl))))
+    for f in (cuda_attention._partials, cuda_attention._combine):
+        f.cache_clear()
+    try:
+        ad.backend = backends.Backend("stand-in", backends.GpuKernels("cuda", fused_attention=True), backends.MlxOps())
+        assert ad.prepare_kernels(range(2, 5), sequences=2) == 3 + 4   # B=1: 3 widths; B=2: 3 widths + short
+        partials = [(name.split("_")[3], t["RB"]) for name, t in seeded if "partials" in name]
+        assert sorted(set(partials)) == [("1", 2), ("1", 3), ("1", 4), ("2", 1), ("2", 2), ("2", 3), ("2", 4)]
+        assert all(t["HD"] == 128 and t["G"] == 2 for name, t in seeded if "partials" in name)
+    finally:
+        for f in (cuda_attention._partials, cuda_attention._combine):
+            f.cache_clear()

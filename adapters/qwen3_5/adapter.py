@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -250,6 +250,16 @@ class HybridAdapter:
         a, meta = state.arrays, state.meta
         draft.keys, draft.values, draft.offset = _own(a.get("draft.keys")), _own(a.get("draft.values")), meta["draft.keys.length"]
         cache.rope_delta = int(meta.get("rope_delta", 0))
+
+    def prepare_kernels(self, widths: Sequence[int], sequences: int = 1) -> int:
+        """The GPU kernels' launches that long contexts and batches take, built (never run) so
+        that their compiled modules are on this machine before a request needs them; 0 where the
+        backend has none (gpu_runner.GpuKernels.prepare)."""
+        prepare = getattr(self.backend.few, "prepare", None)
+        if prepare is None:
+            return 0
+        attention = [p for p in self.stack.layers if isinstance(p, AttnParams)] + [self.head_layer]
+        return prepare(attention, widths, sequences)
 
     # -- for people --------------------------------------------------------------------------
     def describe(self) -> str:

@@ -116,6 +116,30 @@ class GpuKernels(MlxOps):
             return super().attention_gated_batch(p, q, fetched, gate, caches)
         return cuda_attention.gated_attention_batch(q, [k for k, _ in fetched], [v for _, v in fetched], gate, p.scale)
 
+    def prepare(self, attention: List[AttnParams], widths, sequences: int = 1, dtype=mx.bfloat16) -> int:
+        """Build, never run, the attention launches a long context or a batch takes and a short
+        warm-up does not: from cuda_attention.ROWS_BLOCK_FROM keys a block takes all of a
+        verify's rows, one template per row count, and a batch of B sequences is a template of
+        its own. Building one writes its compiled module to the machine's cache
+        (kernels/jit_cache.py) where it is missing, so no request compiles it (~1.5 s each, the
+        first long turn's 4-6 s on the H200). Returns the launches built."""
+        if not self.fused_attention:
+            return 0
+        built = 0
+        for nh, nkv, hd, scale in sorted({(p.nh, p.nkv, p.hd, p.scale) for p in attention}):
+            if not cuda_attention.supported((1, nh, 1, hd), (1, nkv, 1, hd), dtype):
+                continue
+            for B in range(1, min(sequences, cuda_attention.MAX_SEQUENCES) + 1):
+                # long contexts: a template per row count; short ones: a row a block, so one per
+                # batch size (a single sequence's is the warm-up's own)
+                launches = [(L, cuda_attention.ROWS_BLOCK_FROM) for L in widths] + ([(2, 128)] if B > 1 else [])
+                for L, n in launches:
+                    keys = [mx.zeros((1, nkv, n, hd), dtype)] * B
+                    cuda_attention.gated_attention_batch(mx.zeros((B, nh, L, hd), dtype), keys, keys,
+                                                         mx.zeros((B, L, nh * hd), dtype), scale)
+                    built += 1
+        return built
+
     def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections or xn.ndim != 3:
             return None

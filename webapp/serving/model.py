@@ -423,6 +423,10 @@ class ModelHost:
         from core import prepare_tokenizer
 
         prepare_tokenizer(self.tokenizer)   # grammars' view of the vocabulary: not in the first tool request
+        prepare = getattr(self.adapter, "prepare_kernels", None)   # a GPU's long-context and batch kernels
+        if prepare is not None:
+            sequences = int(getattr(self.settings, "max_batch", 1) or 1) if self.scheduler is not None else 1
+            self.worker.call(lambda: prepare(range(2, self.max_depth + 2), sequences))
         for mode in ("ar", "mtp"):
             self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
         ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])
