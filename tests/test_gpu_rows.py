@@ -138,3 +138,37 @@ def test_a_runner_that_fails_is_reported_and_the_script_still_exits_0(moe_checkp
     eager = report["runners"]["eager"]
     assert eager["error"] == "RuntimeError: kernel did not build" and "traceback" in eager
     assert "eager: failed (RuntimeError: kernel did not build)" in report["verdict"]
+
+
+def test_another_threads_model_work_meanwhile_is_neither_recorded_nor_perturbed(moe_checkpoint, tmp_path,
+                                                                                 monkeypatch):
+    """layers.mlp and layers.mx are module globals: while the script records, a server's model thread
+    in the same process (webapp/serving/worker.py; tests/test_api_*.py leave one taking a
+    conversation's snapshot a grace after their last reply) calls the wrappers too. Its calls are
+    its own: not recorded (their lazy arrays live on that thread's MLX stream, and evaluated by the
+    script they raised "There is no Stream(cpu, 1) in current thread") and not perturbed."""
+    import mlx.core as mx
+
+    from webapp.serving.worker import ModelWorker
+
+    worker, theirs = ModelWorker("rows-test-model"), []
+    x = mx.arange(8, dtype=mx.float32) / 8
+    mx.eval(x)
+    real = gpu_rows.forward_from
+
+    def model_thread_meanwhile(ad, start, tokens, capture):
+        # on the model thread, through the wrapped layers.mx, left lazy as a prefill chunk's ops are
+        theirs.append(worker.call(lambda: (layers.mx is not mx, layers.mx.sigmoid(x))))
+        return real(ad, start, tokens, capture)
+
+    monkeypatch.setattr(gpu_rows, "forward_from", model_thread_meanwhile)
+    report = _run(moe_checkpoint, tmp_path, "--backend", "eager", "--tokens", "0", "--width", "2",
+                  "--row-variant-op", "sigmoid")
+    eager = report["runners"]["eager"]
+    assert "error" not in eager, eager.get("traceback")
+    assert theirs and all(wrapped for wrapped, _ in theirs)   # they did go through the wrappers
+    w = eager["widths"]["2"]
+    assert not w["logits_equal"] and w["first_differing_op"]["op"] == "mx.sigmoid"   # the script's own, perturbed
+    # the model thread's results, evaluated there, are plain sigmoids (wide forwards included)
+    values = worker.call(lambda: [y.tolist() for _, y in theirs])
+    assert values == [mx.sigmoid(x).tolist()] * len(theirs)

@@ -45,6 +45,7 @@ import inspect
 import json
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -106,7 +107,15 @@ class Recorder:
     """What the wrappers share: whether they record, the forward's width (the row-variant option
     perturbs wider forwards only), the layer the last labelled call was in, the nesting depth
     (`outer_only`: record only calls made outside any other wrapped call, i.e. outside a compiled
-    function's trace)."""
+    function's trace).
+
+    Only the thread that made it records (`thread`): layers.mlp and layers.mx are wrapped module
+    globals, so the wrappers also see every other thread's calls into layers.py in this process
+    (a server's model thread, webapp/serving/worker.py, taking a conversation's snapshot while the
+    script runs: tests/test_api_*.py leave one). Those are passed through untouched: recorded,
+    they would pose as this forward's ops (labelled with its last layer), and their arrays, built
+    on that thread's own MLX stream, fail to evaluate here ("There is no Stream(cpu, 1) in current
+    thread"); perturbed (`vary`), they would change that thread's results."""
 
     owners: Dict[int, Tuple[str, str]]
     outer_only: bool = False
@@ -116,6 +125,11 @@ class Recorder:
     layer: str = "?"
     depth: int = 0
     calls: List[Call] = field(default_factory=list)
+    thread: int = field(default_factory=threading.get_ident)
+
+    def mine(self) -> bool:
+        """Whether the calling thread is the one that records."""
+        return threading.get_ident() == self.thread
 
     def start(self, width: int) -> None:
         self.on, self.width, self.layer, self.calls = True, width, "?", []
@@ -172,8 +186,11 @@ def flatten(out, prefix: str = "") -> List[Tuple[str, mx.array]]:
 def wrapped(rec: Recorder, op: str, fn: Callable, fixed: Optional[Tuple[str, str]] = None,
             inputs: Tuple[int, ...] = ()) -> Callable:
     """fn, recording its result (and its positional inputs `inputs`) in `rec` when it records.
-    The layer is the one named by fn's arguments (or `fixed`), else the last one named."""
+    The layer is the one named by fn's arguments (or `fixed`), else the last one named. Another
+    thread's calls go straight to fn (Recorder: only its thread records)."""
     def call(*args, **kwargs):
+        if not rec.mine():
+            return fn(*args, **kwargs)
         layer, module = fixed or rec.label(args)
         if layer is not None:
             rec.layer = layer
@@ -233,7 +250,7 @@ def routed(rec: Recorder, where: str, p: MlpParams, experts: Callable) -> Callab
 
     def run(x, inds):
         out = call(x, inds)
-        if rec.on and not rec.outer_only:
+        if rec.on and not rec.outer_only and rec.mine():
             raw = next((c.value for c in reversed(rec.calls)
                         if c.op == "mx.take_along_axis" and c.layer == where), None)
             if raw is not None:
