@@ -61,6 +61,7 @@ def served(host, auth=None, api_key=None, **kw):
         yield running.url, demo
     finally:
         running.stop()
+        getattr(host, "end_histories", lambda: None)()   # no snapshot of its conversations runs into the next test
 
 
 def saved_history(page, demo) -> list:

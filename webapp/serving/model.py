@@ -36,13 +36,7 @@ def _end_histories() -> None:
     """At exit: no snapshot starts, and the one under way ends at its next chunk before Python
     finalizes (MLX work on the model thread then aborts the process, webapp/serving/worker.py)."""
     for host in list(_HOSTS):
-        with host._histories_lock:
-            for pending in host._histories:
-                pending.stop.set()
-                if pending.timer is not None:
-                    pending.timer.cancel()
-        with host._taking:
-            pass
+        host.end_histories()
 
 
 class _Stop(threading.Event):
@@ -331,6 +325,17 @@ class ModelHost:
                 n = len(pending.history.ids)
                 if n <= len(ids) and ids[:n] == pending.ids:
                     pending.stop.set()
+
+    def end_histories(self) -> None:
+        """No waiting snapshot starts, and the one under way ends at its next chunk; returns
+        once it has (at exit; a test's server going away)."""
+        with self._histories_lock:
+            for pending in self._histories:
+                pending.stop.set()
+                if pending.timer is not None:
+                    pending.timer.cancel()
+        with self._taking:
+            pass
 
     def wait_for_history(self, timeout: float = 60.0) -> bool:
         """Until no conversation's snapshot is waiting (a client pausing as a person would);
