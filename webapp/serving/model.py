@@ -286,8 +286,8 @@ class ModelHost:
             pending.queued = True
         if pending.stop.is_set():
             self._history_done(pending)
-        else:
-            self.worker.later(self._take_history, pending.history, pending)
+        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
+            self.worker.in_idle_time(self._take_history(pending.history, pending) for _ in range(1))
 
     def histories_now(self) -> None:
         """Queue every snapshot still in its grace now (at shutdown, and for tests)."""
