@@ -61,7 +61,8 @@ def served(host, auth=None, api_key=None, **kw):
         yield running.url, demo
     finally:
         running.stop()
-        getattr(host, "end_histories", lambda: None)()   # no snapshot of its conversations runs into the next test
+        if getattr(host, "histories", None) is not None:   # no snapshot of its conversations runs into the next test
+            host.histories.end()
 
 
 def saved_history(page, demo) -> list:

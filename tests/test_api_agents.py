@@ -33,7 +33,7 @@ TURNS = 5
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
     host = make_host(tiny_checkpoint(template="qwen3_5"))
-    host.history_grace = 0.0   # the snapshot as soon as the model is idle: the paced clients wait less
+    host.histories.grace = 0.0   # the snapshot as soon as the model is idle: the paced clients wait less
     with served(host) as (url, _):
         yield url, host
 
@@ -49,7 +49,7 @@ class Conversation:
     def pace(self) -> None:
         """Before a turn: the client pauses until the server has snapshotted the last reply."""
         if self.paced:
-            assert self.host.wait_for_history(30)
+            assert self.host.histories.wait(30)
 
     def call(self, args: dict) -> None:
         self.msgs += [{"role": "assistant", "content": "", "tool_calls": [
@@ -214,8 +214,8 @@ def test_an_agent_that_comes_back_at_once_prefills_the_reply_instead_of_waiting(
     force = {"type": "function", "function": {"name": "get_weather"}}
     said = {}
     for paced in (True, False):
-        assert host.wait_for_history(30)   # the snapshots of the test before, at its grace (0)
-        host.history_grace = 0.0 if paced else 60.0
+        assert host.histories.wait(30)   # the snapshots of the test before, at its grace (0)
+        host.histories.grace = 0.0 if paced else 60.0
         host.prefix_cache.clear()          # one conversation, asked twice: the second starts afresh
         ask = ASK + " (at once)"
         conv, messages, calls = Conversation(host, ask, paced=paced), [{"role": "user", "content": ask}], []
@@ -233,8 +233,8 @@ def test_an_agent_that_comes_back_at_once_prefills_the_reply_instead_of_waiting(
                          {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
         said[paced] = calls
     assert said[True] == said[False]
-    with host._histories_lock:   # the first two replies' snapshots were dropped; the last one's waits
-        assert [p.stop.is_set() for p in host._histories] in ([True, True, False], [True, False], [False])
-    host.history_grace = 0.0
-    host.histories_now()
-    assert host.wait_for_history(30)
+    with host.histories.lock:   # the first two replies' snapshots were dropped; the last one's waits
+        assert [p.stop.is_set() for p in host.histories.pending] in ([True, True, False], [True, False], [False])
+    host.histories.grace = 0.0
+    host.histories.now()
+    assert host.histories.wait(30)

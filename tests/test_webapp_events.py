@@ -260,7 +260,7 @@ def test_the_next_turn_reuses_the_reply_through_the_prefix_cache(host, chat):
     from core import history_prompt
 
     first = list(chat.respond(user("Tell me about the sea"), "mtp", "", max_tokens=30, **GREEDY))[-1]
-    assert host.wait_for_history(30)    # the reply's snapshot, taken in idle time after its grace
+    assert host.histories.wait(30)    # the reply's snapshot, taken in idle time after its grace
     history = first + [{"role": "user", "content": [{"type": "text", "text": "And the moon?"}]}]
     second = list(chat.respond(history, "mtp", "", max_tokens=5, **GREEDY))[-1]
     details = text_of(second[-1]["content"])

@@ -6,16 +6,13 @@ Data flows webapp -> core -> adapters: nothing here imports mlx.
 """
 from __future__ import annotations
 
-import atexit
-import threading
 import time
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from .ar_reference import ArReferences, Reference
 from .calibration import Calibration
+from .history import HistorySnapshots
 from .metrics import Metrics
 from .params import RunParams
 from .worker import ModelWorker, WorkerStream
@@ -26,42 +23,6 @@ WARMUP_PROMPT = "Hello!"
 # tokens, the race's old default ("what a noun is") in 12-32, this in 103-256 (seeds 0-4, both
 # lanes, T=0.6 top-p 0.95 top-k 20).
 LONG_REPLY_PROMPT = "Tell me about Python lists."
-
-
-_HOSTS: "weakref.WeakSet" = weakref.WeakSet()
-
-
-@atexit.register
-def _end_histories() -> None:
-    """At exit: no snapshot starts, and the one under way ends at its next chunk before Python
-    finalizes (MLX work on the model thread then aborts the process, webapp/serving/worker.py)."""
-    for host in list(_HOSTS):
-        host.end_histories()
-
-
-class _Stop(threading.Event):
-    """A pending snapshot's stop: set by a request that covers it, and set by itself once the
-    interpreter is ending (the main thread has finished): MLX work started on the model thread
-    while Python finalizes aborts the process (webapp/serving/worker.py)."""
-
-    def is_set(self) -> bool:
-        return super().is_set() or not threading.main_thread().is_alive()
-
-
-@dataclass
-class PendingHistory:
-    """A conversation's snapshot waiting for its grace to end (ModelHost.remember): the history
-    (a core Prompt), the event that drops it when a request that begins with it comes first, and
-    the timer that queues it."""
-
-    history: object
-    stop: threading.Event = field(default_factory=_Stop)
-    timer: Optional[threading.Timer] = None
-    queued: bool = False
-
-    @property
-    def ids(self) -> Tuple[int, ...]:
-        return tuple(self.history.ids)
 
 
 def describe_runtime() -> str:
@@ -116,11 +77,9 @@ class ModelHost:
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log,
                                        max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
-        self.history_grace = float(getattr(settings, "history_grace_s", 1.0))
-        self._histories: List[PendingHistory] = []
-        self._histories_lock = threading.Lock()
-        self._taking = threading.Lock()   # held while a snapshot runs on the model thread
-        _HOSTS.add(self)
+        # Conversations' snapshots after their replies (webapp/serving/history.py).
+        self.histories = HistorySnapshots(adapter, self.prefix_cache, self.worker,
+                                          float(getattr(settings, "history_grace_s", 1.0)))
 
     @property
     def exactness(self) -> str:
@@ -172,8 +131,8 @@ class ModelHost:
         """At shutdown: the conversations' snapshots still in their grace taken now (a restart's
         next turn then prefills only its new message), and every snapshot written to disk."""
         if self.prefix_cache is not None and self.prefix_cache.disk is not None:
-            self.histories_now()
-            self.wait_for_history(timeout)
+            self.histories.now()
+            self.histories.wait(timeout)
             self.worker.later(self.prefix_cache.flush, timeout).result(2 * timeout)
 
     @classmethod
@@ -212,7 +171,7 @@ class ModelHost:
         the decode in /metrics, counted once when it ends."""
         if thinking is None:
             thinking = self.opens_thinking(prompt_ids)
-        self._drop_histories_within(prompt_ids)
+        self.histories.drop_within(prompt_ids)
         if mode == "mtp" and params.depth == "auto":
             # Never measured inside a request: this one decodes with what is known, the rest in idle time.
             self.calibration.when_idle(len(getattr(prompt_ids, "ids", prompt_ids)))
@@ -251,12 +210,9 @@ class ModelHost:
                 self.metrics.observe(stats, depth=depth, source=source)
 
     def remember(self, messages: List[dict], *, tools=None, enable_thinking: Optional[bool] = None) -> None:
-        """After a reply: snapshot the conversation, reply included, as the next turn's prompt will
-        begin (core.stream.history_steps), in idle time once `history_grace` seconds have passed
-        without a request; the next turn then prefills only its new message. A request that comes
-        sooner and begins with this conversation drops it and prefills the reply with its own
-        tokens: an agent's next call used to wait for the snapshot (0.4-0.6 s a turn at 21k tokens
-        on the H200, docs/bench/2026-12-03/GPU.md section 11), which saved it nothing."""
+        """After a reply: the conversation, reply included, rendered as the next turn's prompt
+        will begin, snapshotted when nobody is waiting (webapp/serving/history.py); the next
+        turn then prefills only its new message."""
         if self.prefix_cache is None:
             return
         from core import history_prompt
@@ -269,84 +225,7 @@ class ModelHost:
         except Exception:  # noqa: BLE001 - a history the template refuses is simply not cached
             return
         if len(history.ids) + 1 < self.context_length:
-            pending = PendingHistory(history)
-            with self._histories_lock:
-                self._histories.append(pending)
-            if self.history_grace > 0:   # queued when the grace ends, unless a request dropped it first
-                pending.timer = threading.Timer(self.history_grace, self._queue_history, (pending,))
-                pending.timer.daemon = True
-                pending.timer.start()
-            else:
-                self._queue_history(pending)
-
-    def _queue_history(self, pending: PendingHistory) -> None:
-        with self._histories_lock:
-            if pending.queued:
-                return
-            pending.queued = True
-        if pending.stop.is_set():
-            self._history_done(pending)
-        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
-            self.worker.in_idle_time(self._take_history(pending.history, pending) for _ in range(1))
-
-    def histories_now(self) -> None:
-        """Queue every snapshot still in its grace now (at shutdown, and for tests)."""
-        with self._histories_lock:
-            waiting = [p for p in self._histories if not p.queued]
-        for pending in waiting:
-            if pending.timer is not None:
-                pending.timer.cancel()
-            self._queue_history(pending)
-
-    def _take_history(self, history, pending: PendingHistory) -> None:
-        """On the model thread: the snapshot, a prefill chunk at a time (a request that begins
-        with it ends it at the next chunk)."""
-        from core.stream import PrefillStopped, history_steps, run_through
-
-        try:
-            with self._taking:
-                if not pending.stop.is_set():
-                    run_through(history_steps(self.adapter, history, self.prefix_cache, pending.stop))
-        except PrefillStopped:
-            pass
-        finally:
-            self._history_done(pending)
-
-    def _history_done(self, pending: PendingHistory) -> None:
-        with self._histories_lock:
-            self._histories.remove(pending)
-
-    def _drop_histories_within(self, prompt_ids) -> None:
-        """A request about to prefill: the waiting snapshots of conversations it begins with are
-        dropped (it prefills through them anyway, and snapshots at its own marks)."""
-        ids = tuple(getattr(prompt_ids, "ids", prompt_ids))
-        with self._histories_lock:
-            for pending in self._histories:
-                n = len(pending.history.ids)
-                if n <= len(ids) and ids[:n] == pending.ids:
-                    pending.stop.set()
-
-    def end_histories(self) -> None:
-        """No waiting snapshot starts, and the one under way ends at its next chunk; returns
-        once it has (at exit; a test's server going away)."""
-        with self._histories_lock:
-            for pending in self._histories:
-                pending.stop.set()
-                if pending.timer is not None:
-                    pending.timer.cancel()
-        with self._taking:
-            pass
-
-    def wait_for_history(self, timeout: float = 60.0) -> bool:
-        """Until no conversation's snapshot is waiting (a client pausing as a person would);
-        True when none is."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with self._histories_lock:
-                if not self._histories:
-                    return True
-            time.sleep(0.01)
-        return False
+            self.histories.remember(history)
 
     def constraint(self, grammar):
         """A fresh core.Constraint for `grammar` (a grammar, or a function of the tokenizer that

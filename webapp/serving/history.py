@@ -1,0 +1,144 @@
+"""Snapshots of conversations after their replies, taken when nobody is waiting.
+
+After a reply the app snapshots the conversation, reply included, as the next turn's prompt will
+begin (core.stream.history_steps): the next turn then prefills only its new message. That takes a
+prefill of the reply, so it waits: `grace` seconds without a request, then the model's idle time
+(no call waiting, no reply streaming). A request that begins with a waiting conversation drops it
+and prefills the reply with its own new tokens: an agent's next call used to wait for the
+snapshot (0.4-0.6 s a turn at 21k tokens on the H200, docs/bench/2026-12-03/GPU.md section 11),
+which saved it nothing. A person's next message still finds it.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+_ALL: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _end_all() -> None:
+    """At exit: no snapshot starts, and the one under way ends at its next chunk before Python
+    finalizes (MLX work on the model thread then aborts the process, webapp/serving/worker.py)."""
+    for snapshots in list(_ALL):
+        snapshots.end()
+
+
+class _Stop(threading.Event):
+    """A waiting snapshot's stop: set by a request that covers it, and set by itself once the
+    interpreter is ending (the main thread has finished), for the same reason as _end_all."""
+
+    def is_set(self) -> bool:
+        return super().is_set() or not threading.main_thread().is_alive()
+
+
+@dataclass
+class Pending:
+    """One conversation's snapshot: the history (a core Prompt), its stop, the timer that queues
+    it when the grace ends."""
+
+    history: object
+    stop: threading.Event = field(default_factory=_Stop)
+    timer: Optional[threading.Timer] = None
+    queued: bool = False
+
+    @property
+    def ids(self) -> Tuple[int, ...]:
+        return tuple(self.history.ids)
+
+
+class HistorySnapshots:
+    """The conversations waiting for their snapshot, for one loaded model and its prefix cache."""
+
+    def __init__(self, adapter, prefix_cache, worker, grace: float):
+        self.adapter, self.prefix_cache, self.worker = adapter, prefix_cache, worker
+        self.grace = grace
+        self.pending: List[Pending] = []
+        self.lock = threading.Lock()
+        self._taking = threading.Lock()   # held while a snapshot runs on the model thread
+        _ALL.add(self)
+
+    def remember(self, history) -> None:
+        """A reply ended: snapshot `history` when its grace has passed, unless dropped first."""
+        pending = Pending(history)
+        with self.lock:
+            self.pending.append(pending)
+        if self.grace > 0:
+            pending.timer = threading.Timer(self.grace, self._queue, (pending,))
+            pending.timer.daemon = True
+            pending.timer.start()
+        else:
+            self._queue(pending)
+
+    def drop_within(self, prompt_ids) -> None:
+        """A request about to prefill: the waiting snapshots of conversations it begins with are
+        dropped (it prefills through them anyway, and snapshots at its own marks)."""
+        ids = tuple(getattr(prompt_ids, "ids", prompt_ids))
+        with self.lock:
+            for pending in self.pending:
+                n = len(pending.history.ids)
+                if n <= len(ids) and ids[:n] == pending.ids:
+                    pending.stop.set()
+
+    def now(self) -> None:
+        """Queue every snapshot still in its grace now (at shutdown, and for tests)."""
+        with self.lock:
+            waiting = [p for p in self.pending if not p.queued]
+        for pending in waiting:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._queue(pending)
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Until no conversation's snapshot is waiting (a client pausing as a person would);
+        True when none is."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if not self.pending:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def end(self) -> None:
+        """No waiting snapshot starts, and the one under way ends at its next chunk; returns
+        once it has (at exit; a test's server going away)."""
+        with self.lock:
+            for pending in self.pending:
+                pending.stop.set()
+                if pending.timer is not None:
+                    pending.timer.cancel()
+        with self._taking:
+            pass
+
+    def _queue(self, pending: Pending) -> None:
+        with self.lock:
+            if pending.queued:
+                return
+            pending.queued = True
+        if pending.stop.is_set():
+            self._done(pending)
+        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
+            self.worker.in_idle_time(self._take(pending) for _ in range(1))
+
+    def _take(self, pending: Pending) -> None:
+        """On the model thread: the snapshot, a prefill chunk at a time (a request that begins
+        with it ends it at the next chunk)."""
+        from core.stream import PrefillStopped, history_steps, run_through
+
+        try:
+            with self._taking:
+                if not pending.stop.is_set():
+                    run_through(history_steps(self.adapter, pending.history, self.prefix_cache, pending.stop))
+        except PrefillStopped:
+            pass
+        finally:
+            self._done(pending)
+
+    def _done(self, pending: Pending) -> None:
+        with self.lock:
+            self.pending.remove(pending)
