@@ -180,3 +180,20 @@ def test_the_warm_up_builds_the_long_context_and_batch_attention_launches(tiny_c
     finally:
         for f in (cuda_attention._partials, cuda_attention._combine):
             f.cache_clear()
+
+
+def test_a_seed_that_raises_never_fails_the_launch(monkeypatch):
+    launched = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: (lambda **call: launched.append(call) or ["out"]))
+    monkeypatch.setattr(jc, "compiler", lambda: (FakeNvrtc(), ()))
+    monkeypatch.setattr(jc, "errors", [])
+    monkeypatch.setitem(jc.stats, "failed", 0)
+
+    def broken(*a):
+        raise KeyError("a template value of a type MLX's names do not know")
+
+    monkeypatch.setattr(jc, "seed", broken)
+    k = jc.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];")
+    x = mx.zeros((2,), mx.float32)
+    assert k(inputs=[x], output_shapes=[(2,)], output_dtypes=[mx.float32], grid=(1, 1, 1), threadgroup=(1, 1, 1)) == ["out"]
+    assert len(launched) == 1 and jc.stats["failed"] == 1 and jc.errors[0].startswith("k: KeyError")

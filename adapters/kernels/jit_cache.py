@@ -369,7 +369,12 @@ class Kernel:
         if key not in self._seen:
             with _lock:
                 if key not in self._seen:
-                    seed(self.spec, key[1], key[2], key[0])
+                    try:
+                        seed(self.spec, key[1], key[2], key[0])
+                    except Exception as exc:  # noqa: BLE001  (a launch never fails for its cache entry)
+                        stats["failed"] += 1
+                        if len(errors) < 4:
+                            errors.append(f"{self.spec['name']}: {type(exc).__name__}: {exc}")
                     self._seen.add(key)
 
 
