@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 _ALL: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -46,10 +46,6 @@ class Pending:
     timer: Optional[threading.Timer] = None
     queued: bool = False
 
-    @property
-    def ids(self) -> Tuple[int, ...]:
-        return tuple(self.history.ids)
-
 
 class HistorySnapshots:
     """The conversations waiting for their snapshot, for one loaded model and its prefix cache."""
@@ -77,11 +73,13 @@ class HistorySnapshots:
     def drop_within(self, prompt_ids) -> None:
         """A request about to prefill: the waiting snapshots of conversations it begins with are
         dropped (it prefills through them anyway, and snapshots at its own marks)."""
+        if not self.pending:   # every request passes here: nothing to copy when nothing waits
+            return
         ids = tuple(getattr(prompt_ids, "ids", prompt_ids))
         with self.lock:
             for pending in self.pending:
-                n = len(pending.history.ids)
-                if n <= len(ids) and ids[:n] == pending.ids:
+                theirs = tuple(pending.history.ids)
+                if len(theirs) <= len(ids) and ids[:len(theirs)] == theirs:
                     pending.stop.set()
 
     def now(self) -> None:
