@@ -289,11 +289,16 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
         if isinstance(p, GdnParams):
             conv, state = _stacked_states(p, cs, h.dtype)
             h, conv_keep, states, conv_input = run.gdn(p, h, conv, state, capture, None)
+            # Rows as views, one Split a batch rather than a Slice a row: the host builds fewer
+            # primitives each step (what grows with B: scripts/bench/batch_graph.py).
+            rows = _rows(conv_keep), _rows(states[-1])
+            if capture:
+                inputs, kept = _rows(conv_input), [_rows(s) for s in states[:-1]]
             for b, c in enumerate(cs):
-                c[0], c[1] = conv_keep[b:b + 1], states[-1][b:b + 1]
+                c[0], c[1] = rows[0][b], rows[1][b]
                 c.advance(S)
                 if capture:
-                    captured[b][i] = (conv_input[b:b + 1], [s[b:b + 1] for s in states[:-1]] + [c[1]])
+                    captured[b][i] = (inputs[b], [s[b] for s in kept] + [c[1]])
             # A verify's too: where every sequence keeps all its positions (nothing rolled back), the
             # next step starts from them; a rollback that drops positions drops the note.
             _keep_stacked(cs, (conv_keep, states[-1]))
@@ -312,7 +317,7 @@ def attend_batch(run, p: AttnParams, x: mx.array, caches: list, pos, final_norm=
     is roped at its own position and attends over its own cache."""
     S = x.shape[1]
     q, k, v, gate = run.attention_in(p, x, pos)
-    fetched = [c.update_and_fetch(k[b:b + 1], v[b:b + 1]) for b, c in enumerate(caches)]
+    fetched = [c.update_and_fetch(kb, vb) for kb, vb, c in zip(_rows(k), _rows(v), caches)]
     # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
     # only on shapes every sequence shares), else attention over its own cache, then the gate.
     gated = run.attention_gated_batch(p, q, fetched, gate, caches)
@@ -321,6 +326,11 @@ def attend_batch(run, p: AttnParams, x: mx.array, caches: list, pos, final_norm=
     outs = [run.sdpa(q[b:b + 1], kb, vb, p.scale, "causal" if S > 1 else None, caches[b])
             for b, (kb, vb) in enumerate(fetched)]
     return run.attention_out(p, x, mx.concatenate(outs), gate, final_norm)
+
+
+def _rows(x: mx.array) -> List[mx.array]:
+    """x [B, ...] -> its B rows [1, ...], views of x."""
+    return mx.split(x, x.shape[0]) if x.shape[0] > 1 else [x]
 
 
 def _stacked_states(p: GdnParams, cs: list, dtype) -> Tuple[mx.array, mx.array]:

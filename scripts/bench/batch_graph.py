@@ -23,7 +23,10 @@ A step is cut at its syncs (core.batch's mx.eval / mx.async_eval): each phase's 
 those built since the last sync and reachable from what is evaluated or kept (the caches, the
 head's feed), counted once (mx.export_to_dot's rectangles); build_ms is the host's time from
 the end of the last sync to this one (or to the step's end: the commit, the reads and the
-events). Counting and timing are separate passes (exporting the graph is slow). Host reads:
+events); submit_ms the host's time inside the syncs' calls (MLX CUDA encodes the kernels
+there); step ms synced is one step with a sync at its end, back to back the wall time per step
+of steps run as a batch decodes (each queued before the last one's tokens are read). Counting
+and timing are separate passes (exporting the graph is slow). Host reads:
 the step's calls of .item() / .tolist() on arrays; "evaluates": on an array with work still
 to do (a slice of a computed one too), which waits for the device.
 
@@ -147,15 +150,21 @@ class Meter:
     def eval(self, *args):
         self._phase("eval", args)
         mx.eval(*args)
-        self.t = time.perf_counter()
+        self._submitted()
 
     def async_eval(self, *args):
         self._phase("async_eval", args)
         mx.async_eval(*args)
+        self._submitted()
+
+    def _submitted(self):
+        # MLX CUDA encodes a graph's kernels on the calling thread: host time too, beside the build.
         self.t = time.perf_counter()
+        self.phases[-1]["submit_ms"] = (self.t - self.t_sync) * 1e3
 
     def _phase(self, name, args):
-        build = time.perf_counter() - self.t
+        self.t_sync = time.perf_counter()
+        build = self.t_sync - self.t
         row = {"sync": name, "build_ms": build * 1e3}
         if self.count:
             kinds = self._new(_arrays(args, []) + kept(self.seqs))
@@ -220,6 +229,14 @@ def measure(ad, lane: str, B: int, steps: int, warm: int = 4) -> dict:
         counted.append(Meter(seqs, count=True).step(batch))
     for _ in range(steps):
         timed.append(Meter(seqs, count=False).step(batch))
+    # Back to back, as a batch decodes (each step queued before the last one's tokens are read):
+    # the time a step really takes, and how much of it the host spends submitting.
+    mx.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        batch.step()
+    mx.synchronize()
+    pipelined = (time.perf_counter() - t0) * 1e3 / steps
     assert len(batch.running) == B and all(len(p) == len(counted[0]) for p in counted + timed)
     phases = []
     for i, first in enumerate(counted[0]):
@@ -237,18 +254,22 @@ def measure(ad, lane: str, B: int, steps: int, warm: int = 4) -> dict:
     return {"primitives": sum(p["primitives"] for p in phases),
             "build_ms": sum(p["build_ms"] for p in phases),
             "step_ms": statistics.median(p[-1]["wall_ms"] for p in timed),
+            "submit_ms": statistics.median(sum(ph.get("submit_ms", 0) for ph in p) for p in timed),
+            "pipelined_step_ms": pipelined,
             "reads": sum(sum(p["reads"].values()) for p in phases),
             "evaluating_reads": sum(v for p in phases for k, v in p["reads"].items() if "evaluates" in k),
             "phases": phases}
 
 
 def table(report: dict) -> str:
-    rows = ["| lane | B | primitives | per sequence | build ms | step ms (this machine) | host reads (evaluating) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| lane | B | primitives | per sequence | build ms | submit ms | step ms, synced / back to back "
+            "(this machine) | host reads (evaluating) |",
+            "|---|---|---|---|---|---|---|---|"]
     for lane, by_b in report["lanes"].items():
         for B, r in by_b.items():
             rows.append(f"| {lane} | {B} | {r['primitives']:.0f} | {r['primitives'] / int(B):.0f} | "
-                        f"{r['build_ms']:.2f} | {r['step_ms']:.2f} | {r['reads']:.1f} ({r['evaluating_reads']:.1f}) |")
+                        f"{r['build_ms']:.2f} | {r['submit_ms']:.2f} | {r['step_ms']:.2f} / {r['pipelined_step_ms']:.2f} | "
+                        f"{r['reads']:.1f} ({r['evaluating_reads']:.1f}) |")
     return "\n".join(rows)
 
 
@@ -274,8 +295,9 @@ def main(argv=None) -> int:
         report["lanes"][lane] = {}
         for B in a.batch:
             report["lanes"][lane][str(B)] = r = measure(ad, lane, B, a.steps)
-            print(f"{lane} B={B}: {r['primitives']:.0f} primitives, build {r['build_ms']:.2f} ms, "
-                  f"step {r['step_ms']:.2f} ms, {r['reads']:.1f} reads", flush=True)
+            print(f"{lane} B={B}: {r['primitives']:.0f} primitives, build {r['build_ms']:.2f} ms, submit "
+                  f"{r['submit_ms']:.2f} ms, step {r['step_ms']:.2f} ms (back to back {r['pipelined_step_ms']:.2f}), "
+                  f"{r['reads']:.1f} reads", flush=True)
             if a.json:
                 Path(a.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(a.json).write_text(json.dumps(report, indent=2))

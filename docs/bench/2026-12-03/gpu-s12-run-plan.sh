@@ -21,12 +21,15 @@ done
 say "kernel cache: $(ours) of our kernels after two starts"
 say 9B exactness with the seeded kernels
 T "$PY scripts/gpu/gpu_check.py --model $C --model-only --json $O/check_9b.json > $O/check_9b.log 2>&1; grep -E 'identical|FAIL|kernels' $O/check_9b.log | head -n 12" 300
+tar czf $O/ptx.tgz -C /root/.cache/mtp-chat ptx && ls -la $O/ptx.tgz   # early, in case the run is cut short
 say moe rows bisect
 M=/tmp/mtp_chat_q35a3b
 [ -f $M/config.json ] || $PY scripts/gpu/gpu_make_checkpoint.py --out $M --shape 35b-a3b
 T "$PY scripts/gpu/gpu_rows.py --model $M --json $O/rows_moe.json > $O/rows_moe.log 2>&1; tail -n 30 $O/rows_moe.log" 420
 say chunk probe at 20k tokens of depth
 T "$PY scripts/gpu/gpu_chunk_probe.py --model $C --depth 20000 --json $O/chunk_probe.json 2>&1 | grep -v 'regex pattern' | tail -n 16" 300
+say "batch graph: what a step costs back to back and on the host (issue 32's batch of 4)"
+T "$PY scripts/bench/batch_graph.py --model $C --batch 1 2 4 --steps 8 --json $O/batch_graph_9b.json 2>&1 | grep -v 'regex pattern' | tail -n 12" 240
 say agent warm
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
 say agent restart, 4 turns
