@@ -7,6 +7,7 @@ The kernel itself runs only on CUDA: scripts/gpu/gpu_prefill.py checks and times
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -135,6 +136,27 @@ def test_the_cuda_long_runner_takes_the_kernel_only_for_unmasked_uncaptured_forw
     masked, _ = run.recurrence(q, k, v, g, beta, state, mask, False)  # a padded batch: MLX's path
     assert launches == [] and masked.shape == y.shape
     assert float(mx.abs(masked.astype(mx.float32) - y.astype(mx.float32)).max()) < 0.02  # the same rule
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_the_cuda_long_runners_conv_is_its_taps_summed_in_fp32_at_any_length(dtype):
+    """GpuPrefill.conv (no cuDNN plan per chunk length): the fp32 sum of the taps rounded once,
+    the same from one shapeless trace at every length, and nn.Conv1d's result to rounding."""
+    C, K = 24, 4
+    conv1d = nn.Conv1d(C, C, K, groups=C, bias=False)
+    conv1d.weight = (mx.random.normal(conv1d.weight.shape, key=mx.random.key(3)) * 0.5).astype(dtype)
+    # What conv reads of a layer's GdnParams: its conv module, K and the taps.
+    p = SimpleNamespace(K=K, attn=SimpleNamespace(conv1d=conv1d),
+                        taps=[layers._const(conv1d.weight[:, k, 0]) for k in range(K)])
+    run = backends.GpuPrefill()
+    for S in (1, 7, 64, 301, 7):
+        x = mx.random.normal((1, S + K - 1, C), key=mx.random.key(S)).astype(dtype)
+        got = run.conv(p, x, S)
+        acc = sum(x[:, k:k + S].astype(mx.float32) * p.taps[k].astype(mx.float32) for k in range(K))
+        assert got.shape == (1, S, C) and got.dtype == dtype
+        assert bool(mx.array_equal(got, acc.astype(dtype))), S
+        ref = conv1d(x).astype(mx.float32)
+        assert float(mx.abs(got.astype(mx.float32) - ref).max()) <= (0.05 if dtype == mx.bfloat16 else 1e-5)
 
 
 def test_an_unmasked_batch_runs_one_sequence_a_launch(monkeypatch):
@@ -305,3 +327,5 @@ def test_the_chunk_probe_takes_a_restored_chunk_apart(tmp_path):
         assert all(len(row[k]) == 2 for k in ("restored", "copied", "engine"))
         assert all(r["total_s"] >= r["trunk_s"] > 0 for r in row["restored"] + row["copied"])
         assert row["engine"][0]["parts"]["chunks"] == 1 and row["median_after_first"]["engine"] > 0
+    assert [r["conv"] for r in report["first_use"].values()] == ["ours", "mlx_conv1d", "ours", "mlx_conv1d"]
+    assert all(r["first_s"] > 0 and r["second_s"] > 0 for r in report["first_use"].values())

@@ -596,8 +596,10 @@ def test_the_fused_gated_deltanet_middle_is_wired_as_its_reference(tiny_checkpoi
     cache = ad.make_cache()
     ad.forward(mx.array([ids[:-1]]), cache)
     fused, _, _ = ad.forward(mx.array([ids[-1:]]), cache)
-    # both Gated-DeltaNet layers, from the joined projection (the 5-token prompt is a few-token forward too)
-    assert launches == [(1, 5, 400)] * 2 + [(1, 1, 400)] * 2
+    # both Gated-DeltaNet layers, from the joined projection (the 5-token prompt is a few-token forward
+    # too); a layer's first call is built twice (eagerly for its joins, then traced: _first_call), and
+    # the 1-token step is traced anew (a new shape)
+    assert launches == [(1, 5, 400)] * 4 + [(1, 1, 400)] * 2
     assert fused.shape == plain.shape
     greedy = SamplerConfig(0.0, 1.0, 0, 0.0)
     ar, _ = AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=16)
@@ -980,3 +982,22 @@ def test_two_tiles_of_rows_are_turned_off_alone_when_they_differ_from_one_tile(m
     monkeypatch.setattr(gk, "quantized_matmul_rows", second_tile_differs)
     kernels.check_two_tiles(x, wq, s, b)
     assert not gk.TWO_TILES["on"] and gk.rows_per_launch() == 8 and "differ" in gk.TWO_TILES["why"]
+
+
+def test_a_compiled_layers_first_call_takes_its_value_from_the_compiled_function():
+    """CompiledGpuKernels._fn: the first call is built eagerly (weight joins) but its value is the
+    compiled function's, as every later call's: on the H200 MLX's fused and op-by-op elementwise
+    kernels rounded differently, and a lane whose first step ran eagerly left the other lane."""
+    few = backends.CompiledGpuKernels("cuda")
+    made = []
+
+    def make():   # each made function scales by its own factor: the compiled one 1, the eager one 2
+        factor = float(len(made) + 1)
+        made.append(factor)
+        return lambda x: x * factor
+
+    x = mx.arange(4, dtype=mx.float32)
+    first = few._fn(("layer", "gdn"), make)(x)
+    again = few._fn(("layer", "gdn"), make)(x)
+    assert made == [1.0, 2.0]   # the eager function was built and called (its joins happen) ...
+    assert bool(mx.array_equal(first, x)) and bool(mx.array_equal(again, x))   # ... the value is the compiled one

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -241,6 +242,16 @@ class GpuPrefill(MlxOps):
     MTP == AR is unaffected. (The kernel's positions do not even depend on where a chunk ends,
     kernels.check_gdn_prefill; MLX's matmuls and attention may.)"""
 
+    def conv(self, p: GdnParams, conv_input, S):
+        # The depthwise conv as its taps summed in fp32 (the fused middle kernel's arithmetic),
+        # one fused launch for any chunk length. Why: MLX CUDA's conv1d builds a cuDNN plan for
+        # every new input shape, and a turn's chunks have new lengths: 0.17-0.3 s on the first
+        # chunk of each length at the 9B shape (docs/bench/2026-12-03/GPU.md, section 12).
+        if p.attn.conv1d.weight.shape[-1] != 1 or "bias" in p.attn.conv1d:
+            return super().conv(p, conv_input, S)
+        taps = [conv_input[..., k:k + S, :] for k in range(p.K)]
+        return _tap_sum(p.K)(*taps, *p.taps)
+
     def recurrence(self, q, k, v, g, beta, state, mask, capture):
         if capture or mask is not None or not _scalar_gate(g, q) \
                 or not gdn.prefill_supported((1, *q.shape[1:]), (1, *v.shape[1:]), state.dtype):
@@ -257,8 +268,8 @@ class CompiledGpuKernels(GpuKernels):
     a compiled layer is one call that replays its recorded graph, and MLX fuses the elementwise
     ops between the kernels. The same functions serve every width (each traced per shape), and
     elementwise fusion computes each element as before, so a verify row is still the decode
-    step's row. A layer's first call runs eagerly: it joins the layer's weights (_fuse), which
-    cannot happen inside a trace. The KV cache update and the attention stay outside, as in
+    step's row. A layer's first call is also built eagerly, for the weight joins (_fuse) a trace
+    cannot make, but its value comes from the compiled function (_first_call). The KV cache update and the attention stay outside, as in
     the CPU's compiled runner."""
 
     compiled_layers = True
@@ -271,8 +282,8 @@ class CompiledGpuKernels(GpuKernels):
     def _fn(self, key, make):
         fn = self._compiled.get(key)
         if fn is None:
-            self._compiled[key] = mx.compile(make())
-            return make()  # this first call eagerly (see the class's note)
+            fn = self._compiled[key] = mx.compile(make())
+            return _first_call(make(), fn)
         return fn
 
     def positions(self, offset, S: int):
@@ -323,7 +334,35 @@ class CompiledGpuKernels(GpuKernels):
         return fn(hidden, embedding)
 
 
+@lru_cache(maxsize=None)
+def _tap_sum(K: int) -> Callable:
+    """x_0..x_{K-1} [..., S, C] (the conv window's shifted views), w_0..w_{K-1} [C] -> sum of
+    x_k * w_k in fp32, rounded once to x's dtype. Shapeless: one trace serves every chunk length."""
+    def tap_sum(*args):
+        xs, ws = args[:K], args[K:]
+        acc = xs[0].astype(mx.float32) * ws[0].astype(mx.float32)
+        for x, w in zip(xs[1:], ws[1:]):
+            acc = acc + x.astype(mx.float32) * w.astype(mx.float32)
+        return acc.astype(xs[0].dtype)
+    return mx.compile(tap_sum, shapeless=True)
+
+
 MAX_ROWS = cuda_qmm.TILE_ROWS  # the support checks' row count, and Metal's probe of MLX's matmul
+
+
+def _first_call(eager: Callable, compiled: Callable) -> Callable:
+    """A layer function's first call: built eagerly, for what only an eager call can do (join
+    the layer's weights, evaluated at once), its result dropped unevaluated (no device work);
+    then computed by the compiled function, as every later call is.
+
+    Why not return the eager result: MLX's fused elementwise kernels can round differently from
+    its op-by-op ones (the 35B-A3B shape on the H200: layer 0's Gated-DeltaNet output differed
+    by up to 0.0078), so a lane whose first decode step ran eagerly left the other lane, whose
+    verify ran compiled, at its second token (docs/bench/2026-12-03/GPU.md, section 12)."""
+    def first(*args):
+        eager(*args)
+        return compiled(*args)
+    return first
 
 
 def _each_sequence(kernel, q, k, v, g, beta, state) -> list:

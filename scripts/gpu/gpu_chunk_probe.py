@@ -16,7 +16,8 @@ absorbing them (`absorb_s`), each timed to a synchronisation. The same again wit
 KV arrays copied first (`copied`: the chunk's writes then update buffers no snapshot holds,
 which they can do in place), and the whole chunk as the engine runs it (`prefill_chunks`, its
 `prefill_parts`). The first repeat of a size shows what a first use costs (compiles, plans),
-the others the steady state.
+the others the steady state. Last, `first_use`: fresh lengths' first and second chunk, alternately
+with the long runner's own conv and with MLX's conv1d (which builds a cuDNN plan per shape).
 """
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def engine_chunk(ad, pc, prompt: Prompt) -> dict:
     return {"total_s": sync() - t, "parts": done.parts}
 
 
+def first_use(ad, pc, ids, depth: int, fresh: list) -> dict:
+    """A chunk length's first use against its second, with the long runner's conv as it is and
+    with MLX's conv1d (cuDNN, a plan per input shape) in its place: each length in `fresh` is
+    new to the process when it runs (the first with ours, the second with MLX's, and so on)."""
+    from adapters.qwen3_5.mlx_ops import MlxOps
+
+    run = getattr(getattr(ad, "backend", None), "long", None)
+    own = getattr(type(run), "conv", None) if run is not None else None
+    out = {}
+    for i, n in enumerate(fresh):
+        which = "ours" if i % 2 == 0 else "mlx_conv1d"
+        if which == "mlx_conv1d" and own is not None:
+            type(run).conv = MlxOps.conv
+        try:
+            prompt = Prompt(tuple(ids[:depth + n]), ())
+            times = [one_chunk(ad, pc, prompt, depth, copied=False)["total_s"] for _ in range(2)]
+        finally:
+            if own is not None:
+                type(run).conv = own
+        out[str(n)] = {"conv": which, "first_s": times[0], "second_s": times[1]}
+        log(f"first use of {n} new tokens, conv {which}: {times[0]:.3f} s, then {times[1]:.3f} s")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -89,12 +114,14 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=20000)
     ap.add_argument("--tokens", type=int, nargs="+", default=[5, 64, 200, 512])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--fresh", type=int, nargs="*", default=[37, 41, 91, 97],
+                    help="lengths new to the process, alternately with our conv and MLX's conv1d (first_use)")
     a = ap.parse_args(argv)
 
     ad = load_adapter(a.model)
     log(f"loaded: {ad.describe()}")
     vocab = min(ad.vocab_size, 150_000)
-    ids = [(7919 * i + 13) % (vocab - 1000) + 500 for i in range(a.depth + max(a.tokens))]
+    ids = [(7919 * i + 13) % (vocab - 1000) + 500 for i in range(a.depth + max(a.tokens + a.fresh))]
     pc = PrefixCache(64 << 30)
     cache = ad.make_cache()
     draft = ad.make_draft(cache)
@@ -122,6 +149,7 @@ def main(argv=None) -> int:
         later = lambda k, part="total_s": statistics.median(x[part] for x in row[k][1:]) if len(row[k]) > 1 else None
         row["median_after_first"] = {k: later(k) for k in ("restored", "copied", "engine")}
         row["median_after_first_parts"] = {p: later("restored", p) for p in ("restore_s", "trunk_s", "absorb_s")}
+    out["first_use"] = first_use(ad, pc, ids, a.depth, a.fresh)
     Path(a.json).write_text(json.dumps(out, indent=1))
     for n, row in out["sizes"].items():
         log(f"{n:>4} new tokens, medians after the first: {row['median_after_first']} "
