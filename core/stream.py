@@ -16,6 +16,13 @@ from .stats import GenerationStats, OwnClock
 from .waterfall import SAMPLE_EVERY, Waterfall
 
 PREFILL_CHUNK = 512
+# A chunk this short (a turn's generation prompt after its history's mark, typically ~5 tokens)
+# takes the adapter's few-token path, as a verify of as many positions does: through the long
+# path it cost ~0.035 s at 20k tokens of depth on the H200, a verify of 5 ~0.008 s
+# (docs/bench/2026-12-03/GPU.md, section 12). Which path a chunk takes depends only on its
+# length, and both lanes prefill alike, so greedy MTP == AR is untouched. Five: a verify's width at
+# depth 4, whose kernels a GPU's warm-up has built (wider ones would compile on first use).
+SHORT_CHUNK = 5
 THINK_END = "</think>"
 
 
@@ -145,7 +152,7 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
             raise PrefillStopped()
         pictures = prompt.images_within(a, b)
         t = time.perf_counter()
-        logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=False,
+        logits, hidden, _ = adapter.forward(tokens[None, a:b], cache, all_logits=False, fast=b - a <= SHORT_CHUNK,
                                             **({"images": pictures} if pictures else {}))
         # Drafter positions a-1 .. b-2: (hidden n, token n+1).
         hs = hidden[:, :-1] if h_last is None else mx.concatenate([h_last, hidden[:, :-1]], axis=1)

@@ -109,8 +109,9 @@ class HybridAdapter:
                 fast: bool = True, images=()) -> Tuple[mx.array, mx.array, Optional[Captured]]:
         """tokens [B, T] -> logits [B, T or 1, V], hidden [B, T, H] (the contract's variant).
 
-        fast=False keeps the long-forward path even for a few tokens: prefill does, so that a
-        prompt gives the same state however it is split into chunks (prefix cache or not).
+        fast=False keeps the long-forward path even for a few tokens: prefill does for all but
+        its shortest chunks (core.stream.SHORT_CHUNK), so that the path a chunk takes depends
+        only on its length (prefix cache or not).
         `images`: the pictures (core.images.ImageSpan, positions in the prompt) wholly inside
         these tokens: their tower output replaces the image tokens' embeddings, at their grid's
         multimodal positions (vision.py)."""

@@ -234,8 +234,9 @@ class GpuPrefill(MlxOps):
     position: an 8k-token prompt took ~20 s (~400 tok/s) to prefill on the H200.
 
     Only the final state is kept, so capturing forwards (every state wanted) and masked ones (a
-    padded batch) keep MLX's path. Exactness: every prefill chunk comes here whatever its length
-    (prefill_chunks asks fast=False; a chunk is one sequence, unmasked, not captured), so the
+    padded batch) keep MLX's path. Exactness: every prefill chunk longer than a few tokens comes here
+    (prefill_chunks asks fast=False but for chunks of at most core.stream.SHORT_CHUNK tokens,
+    which take the few runner; a chunk is one sequence, unmasked, not captured), so the
     chunks after a prefix-cache mark compute the same whether the prompt was prefilled fresh or
     restored from the snapshot taken there (chunks end at the marks either way): the cache
     restores what a fresh prefill holds. Both lanes (AR and MTP) prefill this way, so greedy
