@@ -246,7 +246,7 @@ class GpuPrefill(MlxOps):
     def conv(self, p: GdnParams, conv_input, S):
         # The depthwise conv as its taps summed in fp32 (the fused middle kernel's arithmetic),
         # one fused launch for any chunk length. Why: MLX CUDA's conv1d builds a cuDNN plan for
-        # every new input shape, and a turn's chunks have new lengths: 0.17-0.3 s on the first
+        # every new input shape, and a turn's chunks have new lengths: 0.14-0.3 s on the first
         # chunk of each length at the 9B shape (docs/bench/2026-12-03/GPU.md, section 12).
         if p.attn.conv1d.weight.shape[-1] != 1 or "bias" in p.attn.conv1d:
             return super().conv(p, conv_input, S)
@@ -267,11 +267,12 @@ class CompiledGpuKernels(GpuKernels):
     Why: on MLX CUDA a 9B decode step was host-bound. Building its graph op by op from Python
     took 7.4 ms of a 10.3 ms forward (docs/bench/2026-12-02/gpu-profile-9b-rowkernel-v1.json);
     a compiled layer is one call that replays its recorded graph, and MLX fuses the elementwise
-    ops between the kernels. The same functions serve every width (each traced per shape), and
-    elementwise fusion computes each element as before, so a verify row is still the decode
-    step's row. A layer's first call is also built eagerly, for the weight joins (_fuse) a trace
-    cannot make, but its value comes from the compiled function (_first_call). The KV cache update and the attention stay outside, as in
-    the CPU's compiled runner."""
+    ops between the kernels. The same functions serve every width (each traced per shape), and a
+    fused kernel computes each row alike, so a verify row is still the decode step's row as long
+    as both are compiled: fused and op-by-op elementwise kernels may round differently. So a
+    layer's first call, built eagerly for the weight joins (_fuse) a trace cannot make, takes its
+    value from the compiled function too (_first_call). The KV cache update and the attention
+    stay outside, as in the CPU's compiled runner."""
 
     compiled_layers = True
 
