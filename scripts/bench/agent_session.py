@@ -305,12 +305,13 @@ def _parts(p: dict) -> str:
 def one_turn(client, model_id: str, system: str, messages: list, choice: dict, max_tokens: int) -> dict:
     import anthropic
 
-    t0, mtp = time.perf_counter(), {}
+    t0, mtp, seen = time.perf_counter(), {}, {}
     try:
         with client.messages.stream(model=model_id, system=system, messages=messages, tools=TOOLS,
                                     tool_choice=choice, max_tokens=max_tokens,
                                     extra_body={"temperature": 0}) as stream:
             for event in stream:
+                seen.setdefault(event.type, time.perf_counter() - t0)
                 if event.type == "message_delta":
                     mtp = (event.model_extra or {}).get("mtp") or {}
             reply = stream.get_final_message()
@@ -327,6 +328,11 @@ def one_turn(client, model_id: str, system: str, messages: list, choice: dict, m
             # the reply's own compute; the rest of the wall time is waiting (the server's queue, e.g.
             # behind a prefix-cache write, and HTTP), which a client's time to first token includes
             "compute_s": mtp.get("compute_seconds"),
+            # the server sends message_start once the prompt is tokenized, before the model runs: the
+            # client's wait before the model (HTTP, the request's parsing, the template and tokenizing)
+            "start_s": seen.get("message_start"),
+            # and the first content block (a tool call comes whole, after its last token)
+            "first_block_s": seen.get("content_block_start"),
             # where the time to first token went: finding/loading the snapshot, the chunks, storing snapshots
             "prefill_parts": mtp.get("prefill_parts") or {},
             # the reply's compute by part (draft, forward, sampling, host, ...): where a slow decode went
@@ -385,7 +391,8 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
             say(f"{name} turn {turn}: prompt {row['prompt_tokens']}, cached "
                 f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
                 f"(x{row['prefilled_over_new']:.2f}), ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
-                f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s), {row['stop_reason']}"
+                f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s, "
+                f"{_s(row['start_s'])} of it before the model), {row['stop_reason']}"
                 + _parts(row["prefill_parts"]))
             progress(rows)
             sizes = args.result_tokens
@@ -400,7 +407,7 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
     # later turns' new tokens sit at, where each token attends to ~20k keys; its last chunk proper
     # is the few tokens after the last mark, 5 tokens in 0.03 s on the H200, no rate to speak of).
     # Each against the server's time to first token and the client's (the server's plus the time
-    # the request waited for the model thread).
+    # before the model: to the stream's message_start).
     rate = rows[0]["prefilled_tokens"] / rows[0]["prefill_s"]
     first = rows[0].get("prefill_parts") or {}
     deep = first["full_chunk_tokens"] / first["full_chunk_s"] if first.get("full_chunk_s") else None
@@ -408,7 +415,8 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
         row["ttft_over_new_prefill"] = row["ttft_s"] / (row["new_tokens"] / rate)
         if deep:
             row["ttft_over_new_prefill_at_depth"] = row["ttft_s"] / (row["new_tokens"] / deep)
-            row["client_ttft_over_new_prefill_at_depth"] = (row["ttft_s"] + row.get("waited_s", 0)) / (
+            before = row["start_s"] if row.get("start_s") is not None else row.get("waited_s", 0)
+            row["client_ttft_over_new_prefill_at_depth"] = (row["ttft_s"] + before) / (
                 row["new_tokens"] / deep)
         row.pop("content")
     return rows
