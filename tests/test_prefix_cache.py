@@ -196,3 +196,30 @@ def test_prefill_stops_between_chunks(adapter, monkeypatch):
     events = list(lane("mtp2", adapter, None).stream(list(range(5, 500)), max_tokens=10, stop=stop))
     assert len(calls) == 3                      # no chunk after the one running when Stop came
     assert events[-1].finish_reason == "stopped" and events[-1].stats.generated_tokens == 0
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                         "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("think", [None, False, True])
+@pytest.mark.parametrize("tools", [None, [TOOL]])
+@pytest.mark.parametrize("system", [True, False])
+def test_the_prompt_encoded_once_has_the_ids_and_marks_of_each_part_encoded(system, tools, think):
+    """core.chat.chat_prompt reads its marks off one encoding of the prompt (an agent's 20k-token
+    prompt was encoded three times a request): the same ids and marks as rendering each part,
+    on the demo's tokenizer (the one encoding is used only where a probe at load agrees)."""
+    from core import chat as chat_mod
+
+    ad = load_adapter("models/demo")
+    assert chat_mod._encodes_once(ad)
+    msgs = ([{"role": "system", "content": "You are brief. " * 30}] if system else []) + [
+        {"role": "user", "content": "What is a harbor? " * 20}, {"role": "assistant", "content": "A port. é 12"},
+        {"role": "user", "content": "And a river?\n\n  spaced  "}]
+    once = chat_prompt(ad, msgs, tools=tools, enable_thinking=think)
+    ad.tokenizer._mtp_encodes_once = False
+    try:
+        each = chat_prompt(ad, msgs, tools=tools, enable_thinking=think)
+    finally:
+        ad.tokenizer._mtp_encodes_once = True
+    assert once.ids == each.ids and once.marks == each.marks and len(once.marks) == (2 if system else 1)
