@@ -32,7 +32,7 @@ import mlx.core as mx
 from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after, lazy_free
 from .costs import DepthPolicy
-from .sampling import KeyStream, all_finite, check_finite, sample_or_flag
+from .sampling import KeyStream, all_finite, check_finite, greedy_rows_or_flag, sample_or_flag
 from .stats import WallClock
 from .stream import Lane
 
@@ -139,6 +139,11 @@ class Sequence:
         y = self._sample(logits, None if self.free else allowed_after(self.constraint, self.ahead[0]))
         self._next = (y, logits)
         return y
+
+    def greedy_plain(self) -> bool:
+        """Is this sequence's next token argmax of its logits with no mask (no grammar)? Such
+        sequences' AR steps sample in one launch for the batch (Batch._ar_step)."""
+        return self.sampler.greedy and self.constraint is None
 
     def take_ahead(self) -> None:
         """Pipelined: read the token sampled in the step before (its successor is on its way)."""
@@ -328,7 +333,21 @@ class Batch:
             logits, hidden, _ = forward_batch(self.adapter, tokens, [s.cache for s in fed])
             rows = {id(s): b for b, s in enumerate(fed)}
         ahead = [s for s in seqs if s.ahead is not None]
-        queued = [s.sample_ahead(logits[rows[id(s)]:rows[id(s)] + 1, -1] if id(s) in rows else None) for s in ahead]
+        # Greedy sequences without a grammar sample in one launch (each row as sample_or_flag
+        # alone: greedy_rows_or_flag); the host builds and submits a few ops, not a few a sequence.
+        alike = [s for s in ahead if id(s) in rows and s.greedy_plain()] if len(ahead) > 1 else []
+        queued = []
+        if len(alike) > 1:
+            at = [rows[id(s)] for s in alike]
+            last = logits[:, -1] if at == list(range(len(fed))) else logits[mx.array(at), -1]
+            ys = mx.split(greedy_rows_or_flag(last), len(alike))
+            for s, y, row in zip(alike, ys, mx.split(last, len(alike))):
+                s._next = (y, row)
+            queued += ys   # each row evaluated with the launch: reading one later waits for nothing more
+        else:
+            alike = []
+        queued += [s.sample_ahead(logits[rows[id(s)]:rows[id(s)] + 1, -1] if id(s) in rows else None)
+                   for s in ahead if s not in alike]
         mx.async_eval([y for y in queued if y is not None])
         for s in seqs:
             if s.ahead is not None:

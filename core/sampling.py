@@ -120,6 +120,15 @@ def sample_or_flag(sampler, logits: mx.array, key, allowed=None) -> mx.array:
     return mx.where(all_finite(logits), sampler.sample(logits, key, allowed).astype(mx.int32), -1)
 
 
+def greedy_rows_or_flag(logits: mx.array) -> mx.array:
+    """logits [B, V] of B sequences sampled greedily without a mask -> B tokens (int32), each
+    -1 where its own row is not finite: sample_or_flag of each row, in one launch for the batch.
+    Exact per row: argmax compares within its row (ties to the lowest index either way), and a
+    NaN or infinity makes its row's sum non-finite in any order."""
+    ok = mx.isfinite(logits.sum(axis=-1))
+    return mx.where(ok, mx.argmax(logits, axis=-1).astype(mx.int32), -1)
+
+
 def check_finite(ok: bool, where: str) -> None:
     if not ok:
         raise NonFiniteLogitsError(

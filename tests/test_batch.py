@@ -365,3 +365,42 @@ def test_each_sequence_is_priced_at_the_batch_size_it_decodes_in(mixed_adapter):
         assert seen == [n] * n
         sizes.append(n)
     assert len(set(sizes)) > 2
+
+
+def test_greedy_rows_sample_in_one_launch_as_each_row_alone():
+    """core.sampling.greedy_rows_or_flag (a batch's greedy AR steps without a grammar): each row's
+    token is sample_or_flag's on that row alone, a tie to the lowest index, a non-finite row -1."""
+    from core.sampling import greedy_rows_or_flag, sample_or_flag
+
+    greedy = SamplerConfig(temperature=0)
+    x = mx.random.normal((5, 300), key=mx.random.key(7)).astype(mx.bfloat16)
+    x[1, 17] = x[1, 250] = 9.0                    # a tie
+    x[3, 40] = float("nan")                      # a broken row
+    x[4, 0] = float("inf")
+    got = greedy_rows_or_flag(x).tolist()
+    alone = [sample_or_flag(greedy, x[b:b + 1], None).item() for b in range(5)]
+    assert got == alone and got[1] == 17 and got[3] == -1 and got[4] == -1
+
+
+def test_a_batch_of_greedy_sequences_samples_once_for_all(mixed_adapter, monkeypatch):
+    """Batch._ar_step: greedy sequences without a grammar sample in one launch (one call of
+    greedy_rows_or_flag a step, none of sample_or_flag), and decode what they decode alone."""
+    import core.batch as batch_mod
+
+    calls = Counter()
+    for name in ("greedy_rows_or_flag", "sample_or_flag"):
+        real = getattr(batch_mod, name)
+        monkeypatch.setattr(batch_mod, name, lambda *a, _real=real, _name=name, **k: (calls.update([_name]), _real(*a, **k))[1])
+    prompts = [[5, 9, 13, 21], [3, 4, 5, 6, 7, 8], [40, 41]]
+    alone = [AutoregressiveDecoder(mixed_adapter, sampler=GREEDY).generate(p, max_tokens=12)[0] for p in prompts]
+    calls.clear()
+    batch = Batch(mixed_adapter)
+    seqs = [Sequence(AutoregressiveDecoder(mixed_adapter, sampler=GREEDY), p, 12) for p in prompts]
+    out = {id(s): [] for s in seqs}
+    for s in seqs:
+        out[id(s)] += list(batch.join(s).tokens)
+    while batch.running:
+        for s, ev in batch.step().items():
+            out[id(s)] += list(ev.tokens)
+    assert [out[id(s)] for s in seqs] == [list(a) for a in alone]
+    assert calls["greedy_rows_or_flag"] >= 8 and calls["sample_or_flag"] <= len(prompts) * 2
