@@ -25,7 +25,8 @@ say 9B exactness after the prefill changes
 T "$PY scripts/gpu/gpu_check.py --model $C --model-only --json $O/check_9b.json > $O/check_9b.log 2>&1; grep -E 'identical|FAIL|kernels' $O/check_9b.log | head -n 12" 300
 say agent restart, 4 turns
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 --turns 4 --runs restart --json $O/agent_restart_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|server up|done|failed'" 420
-say batch graph
+say batch graph, then 4 requests against 1 (one sampling launch for the batch's greedy rows now)
 T "$PY scripts/bench/batch_graph.py --model $C --batch 1 4 --steps 8 --json $O/batch_graph_9b.json 2>&1 | grep -v 'regex pattern' | tail -n 6" 240
+T "$PY scripts/bench/bench_batch.py --model $C --requests 1 4 --tokens 256 --repeats 5 --long-prompt 0 --streams 0 --json $O/batch_9b_256.json 2>&1 | grep -v 'regex pattern' | tail -n 8" 300
 tar czf $O/ptx.tgz -C /root/.cache/mtp-chat ptx && ls -la $O/ptx.tgz
 say "all done ($(ours) of our kernels kept)"
