@@ -335,17 +335,16 @@ class Batch:
         ahead = [s for s in seqs if s.ahead is not None]
         # Greedy sequences without a grammar sample in one launch (each row as sample_or_flag
         # alone: greedy_rows_or_flag); the host builds and submits a few ops, not a few a sequence.
-        alike = [s for s in ahead if id(s) in rows and s.greedy_plain()] if len(ahead) > 1 else []
+        alike = [s for s in ahead if id(s) in rows and s.greedy_plain()]
+        alike = alike if len(alike) > 1 else []
         queued = []
-        if len(alike) > 1:
+        if alike:
             at = [rows[id(s)] for s in alike]
             last = logits[:, -1] if at == list(range(len(fed))) else logits[mx.array(at), -1]
             ys = mx.split(greedy_rows_or_flag(last), len(alike))
             for s, y, row in zip(alike, ys, mx.split(last, len(alike))):
                 s._next = (y, row)
             queued += ys   # each row evaluated with the launch: reading one later waits for nothing more
-        else:
-            alike = []
         queued += [s.sample_ahead(logits[rows[id(s)]:rows[id(s)] + 1, -1] if id(s) in rows else None)
                    for s in ahead if s not in alike]
         mx.async_eval([y for y in queued if y is not None])

@@ -69,9 +69,7 @@ def render(adapter, msgs: List[dict], *, add_generation_prompt: bool = True, too
            enable_thinking: Optional[bool] = None) -> List[int]:
     tok = adapter.tokenizer
     if getattr(tok, "chat_template", None):
-        kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-        if tools:
-            kwargs["tools"] = tools
+        kwargs = _template_kwargs(tools, enable_thinking)
         ids = tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
         if isinstance(ids, dict):  # some transformers versions return a BatchEncoding
             ids = ids["input_ids"]
@@ -87,15 +85,18 @@ def chat_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thinkin
     parts = ([msgs[:1]] if msgs[0]["role"] == "system" and len(msgs) > 1 else []) + [msgs]
     kw = {"tools": tools, "enable_thinking": enable_thinking}
     once = None if any(m.get("images") for m in msgs) or not _encodes_once(adapter) else _marked_once(adapter, msgs, parts, kw)
-    if once is not None:
-        return _with_pictures(adapter, msgs, *once)
+    return _with_pictures(adapter, msgs, *(once or _marked_each(adapter, msgs, parts, kw)))
+
+
+def _marked_each(adapter, msgs: List[dict], parts: list, kw: dict):
+    """(ids, marks) with each mark's prefix rendered and encoded on its own."""
     ids = render(adapter, msgs, **kw)
     marks = []
     for part in parts:
         head = render(adapter, part, add_generation_prompt=False, **kw)
         if 0 < len(head) < len(ids) and ids[: len(head)] == head:
             marks.append(len(head))
-    return _with_pictures(adapter, msgs, ids, sorted(set(marks)))
+    return ids, sorted(set(marks))
 
 
 def _marked_once(adapter, msgs: List[dict], parts: list, kw: dict):
@@ -123,11 +124,16 @@ def _marked_once(adapter, msgs: List[dict], parts: list, kw: dict):
     return ids, sorted(set(marks))
 
 
+def _template_kwargs(tools, enable_thinking) -> dict:
+    kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    if tools:
+        kwargs["tools"] = tools
+    return kwargs
+
+
 def _template_text(tok, msgs: List[dict], add_generation_prompt: bool, kw: dict) -> str:
-    extra = {} if kw.get("enable_thinking") is None else {"enable_thinking": bool(kw["enable_thinking"])}
-    if kw.get("tools"):
-        extra["tools"] = kw["tools"]
-    return tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=False, **extra)
+    return tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                   **_template_kwargs(**kw))
 
 
 _ONCE_PROBE = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is a harbor?"},
@@ -145,11 +151,8 @@ def _encodes_once(adapter) -> bool:
             try:
                 msgs = normalize_messages(_ONCE_PROBE, image_text(adapter))
                 parts, kw = [msgs[:1], msgs], {"tools": None, "enable_thinking": None}
-                once = _marked_once(adapter, msgs, parts, kw)
-                ids = render(adapter, msgs)
-                slow = [len(render(adapter, p, add_generation_prompt=False)) for p in parts]
-                known = once is not None and once[0] == ids and once[1] == sorted(set(slow)) \
-                    and all(ids[:n] == render(adapter, p, add_generation_prompt=False) for n, p in zip(slow, parts))
+                each = _marked_each(adapter, msgs, parts, kw)
+                known = len(each[1]) == len(parts) and _marked_once(adapter, msgs, parts, kw) == each
             except Exception:   # noqa: BLE001 - any surprise: the per-part path, as before
                 known = False
         try:
