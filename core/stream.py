@@ -23,6 +23,8 @@ PREFILL_CHUNK = 512
 # length, and both lanes prefill alike, so greedy MTP == AR is untouched. Five: a verify's width at
 # depth 4, whose kernels a GPU's warm-up has built (wider ones would compile on first use).
 SHORT_CHUNK = 5
+# Chunks overlap: the device runs one while the host builds the next (prefill_chunks).
+PIPELINE = True
 THINK_END = "</think>"
 
 
@@ -96,9 +98,11 @@ class Prefilled:
     hidden: mx.array          # trunk hidden at the last position [1, 1, H]: the head's next input
     cached_tokens: int        # prompt tokens restored from the prefix cache
     prefilled_tokens: int     # prompt tokens run through the trunk
-    # seconds: finding (and loading) the snapshot, running the chunks (each ends in an eval, so
-    # a restore's deferred work lands in the first), storing snapshots at marks; the chunks; the
-    # last chunk's tokens and seconds (the prefill's rate at the prompt's depth)
+    # seconds: finding (and loading) the snapshot, running the chunks (a restore's deferred work
+    # lands in the first), building their graphs on the host, storing snapshots at marks; the
+    # chunks; the last chunk's tokens and seconds. With chunks overlapping (PIPELINE), a chunk's
+    # seconds are its building and the wait for the one before it: for a whole chunk amid others,
+    # the device's time for one (the prefill's rate at the prompt's depth).
     parts: dict = field(default_factory=dict)
 
 
@@ -140,13 +144,13 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
     if snap is not None:
         adapter.restore(snap.state, cache, draft)
         h_last, start = snap.hidden, snap.length
-    parts = {"lookup_s": time.perf_counter() - t, "chunks_s": 0.0, "snapshots_s": 0.0, "chunks": 0}
+    parts = {"lookup_s": time.perf_counter() - t, "chunks_s": 0.0, "build_s": 0.0, "snapshots_s": 0.0, "chunks": 0}
     tokens = mx.array(ids, dtype=mx.int32)
     # Chunks end every `chunk` tokens and at the marks (lookup leaves >= 1 token to run).
     ends = sorted(set(range(start + chunk, L, chunk)) | set(marks_within(list(prompt.marks), start, L)) | {L})
     # A picture enters whole: no chunk ends inside one (its tower output and grid positions are one piece).
     ends = [e for e in ends if not any(s.start < e < s.end for s in prompt.images)]
-    a = start
+    a, flight = start, None
     for b in ends:
         if stop is not None and stop.is_set():
             raise PrefillStopped()
@@ -159,7 +163,17 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         if draft is not None and hs.shape[1]:
             adapter.absorb(draft, cache, hs, tokens[None, b - hs.shape[1] : b])
         h_last = hidden[:, -1:] + 0  # its own buffer, not a view that keeps the chunk alive
-        mx.eval(h_last, logits, adapter.state_arrays(cache, draft))  # bound the graph per chunk
+        parts["build_s"] += time.perf_counter() - t
+        # The device runs this chunk while the host builds the next one (values are the same;
+        # the host's graph building no longer adds to each chunk's time), one chunk ahead at
+        # most: the previous chunk is waited for here, which bounds the graph and the memory
+        # in flight to two chunks' worth.
+        done = [h_last, logits, adapter.state_arrays(cache, draft)]
+        if PIPELINE:
+            mx.async_eval(done)
+            done, flight = flight, done
+        if done is not None:
+            mx.eval(done)
         took = time.perf_counter() - t
         parts["chunks_s"] += took
         parts["chunks"] += 1
@@ -173,6 +187,12 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         a = b
         if b < L:
             yield b
+    if flight is not None:
+        t = time.perf_counter()
+        mx.eval(flight)
+        took = time.perf_counter() - t
+        parts["chunks_s"] += took
+        parts["last_chunk_s"] += took
     return Prefilled(logits[:, -1], h_last, start, L - start, parts)
 
 

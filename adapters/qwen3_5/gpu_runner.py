@@ -243,6 +243,11 @@ class GpuPrefill(MlxOps):
     MTP == AR is unaffected. (The kernel's positions do not even depend on where a chunk ends,
     kernels.check_gdn_prefill; MLX's matmuls and attention may.)"""
 
+    # A chunk's layers go to the device every 4 while the host builds the rest (layers._submit):
+    # a prefill chunk keeps the GPU busy ~2.7 ms a layer (512 tokens at the 9B shape), so only
+    # the first layers' building is waited for. Values are the same.
+    submit_every = 4
+
     def conv(self, p: GdnParams, conv_input, S):
         # The depthwise conv as its taps summed in fp32 (the fused middle kernel's arithmetic),
         # one fused launch for any chunk length. Why: MLX CUDA's conv1d builds a cuDNN plan for

@@ -18,6 +18,10 @@ which they can do in place), and the whole chunk as the engine runs it (`prefill
 `prefill_parts`). The first repeat of a size shows what a first use costs (compiles, plans),
 the others the steady state. Last, `first_use`: fresh lengths' first and second chunk, alternately
 with the long runner's own conv and with MLX's conv1d (which builds a cuDNN plan per shape).
+Then `overlap`: whole prefills as the engine runs them (`--overlap` new tokens after the
+snapshot, a warm agent turn's sizes, and `--fresh-prefill` tokens from nothing), with chunks
+overlapping or not (core.stream.PIPELINE) and the long runner handing the device its layers
+every 4 or only at the end (`submit_every`), the four variants in turn, medians of `--repeats`.
 """
 from __future__ import annotations
 
@@ -107,6 +111,43 @@ def first_use(ad, pc, ids, depth: int, fresh: list) -> dict:
     return out
 
 
+def overlap(ad, pc, ids, depth: int, sizes: list, fresh_n: int, repeats: int) -> dict:
+    """Whole prefills (`engine_chunk`) under pipeline on/off x submit_every 4/0, in turn."""
+    from core import stream
+
+    run = getattr(getattr(ad, "backend", None), "long", None)
+    every = getattr(run, "submit_every", 0)
+    variants = {"pipeline+submit": (True, every), "pipeline": (True, 0), "submit": (False, every), "neither": (False, 0)}
+    prompts = {f"{n} after {depth}": Prompt(tuple(ids[:depth + n]), ()) for n in sizes}
+    if fresh_n:
+        prompts[f"{fresh_n} fresh"] = Prompt(tuple(ids[:fresh_n]), ())
+    times = {k: {v: [] for v in variants} for k in prompts}
+    builds = {k: {v: [] for v in variants} for k in prompts}
+    try:
+        for r in range(repeats):
+            for name, prompt in prompts.items():
+                for v, (pipe, sub) in (variants.items() if r % 2 == 0 else reversed(variants.items())):
+                    stream.PIPELINE = pipe
+                    if run is not None:
+                        run.submit_every = sub
+                    got = engine_chunk(ad, pc if "after" in name else None, prompt)
+                    times[name][v].append(got["total_s"])
+                    builds[name][v].append(got["parts"].get("build_s", 0.0))
+                log(f"overlap repeat {r}, {name}: " + ", ".join(f"{v} {times[name][v][-1]:.3f} s" for v in variants))
+    finally:
+        stream.PIPELINE = True
+        if run is not None:
+            run.submit_every = every
+    out = {}
+    for name in prompts:
+        out[name] = {v: {"median_s": statistics.median(times[name][v][1:] or times[name][v]),
+                         "build_s": statistics.median(builds[name][v][1:] or builds[name][v]),
+                         "runs_s": times[name][v]} for v in variants}
+        log(f"overlap {name}: " + ", ".join(f"{v} {x['median_s']:.3f} s (build {x['build_s']:.3f})"
+                                            for v, x in out[name].items()))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -116,12 +157,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fresh", type=int, nargs="*", default=[37, 41, 91, 97],
                     help="lengths new to the process, alternately with our conv and MLX's conv1d (first_use)")
+    ap.add_argument("--overlap", type=int, nargs="*", default=[961, 2737],
+                    help="new tokens after the snapshot for the overlap table (none: skip it)")
+    ap.add_argument("--fresh-prefill", type=int, default=8192, help="tokens from nothing for the overlap table")
     a = ap.parse_args(argv)
 
     ad = load_adapter(a.model)
     log(f"loaded: {ad.describe()}")
     vocab = min(ad.vocab_size, 150_000)
-    ids = [(7919 * i + 13) % (vocab - 1000) + 500 for i in range(a.depth + max(a.tokens + a.fresh))]
+    ids = [(7919 * i + 13) % (vocab - 1000) + 500 for i in range(max(a.depth + max(a.tokens + a.fresh + a.overlap), a.fresh_prefill))]
     pc = PrefixCache(64 << 30)
     cache = ad.make_cache()
     draft = ad.make_draft(cache)
@@ -150,6 +194,8 @@ def main(argv=None) -> int:
         row["median_after_first"] = {k: later(k) for k in ("restored", "copied", "engine")}
         row["median_after_first_parts"] = {p: later("restored", p) for p in ("restore_s", "trunk_s", "absorb_s")}
     out["first_use"] = first_use(ad, pc, ids, a.depth, a.fresh)
+    if a.overlap:
+        out["overlap"] = overlap(ad, pc, ids, a.depth, a.overlap, a.fresh_prefill, a.repeats)
     Path(a.json).write_text(json.dumps(out, indent=1))
     for n, row in out["sizes"].items():
         log(f"{n:>4} new tokens, medians after the first: {row['median_after_first']} "
