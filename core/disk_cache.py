@@ -19,7 +19,7 @@ at several GB/s instead of BLAKE2b's one.
 On CUDA, MLX moves any buffer the host reads into unified memory for good, and recycles freed
 buffers for later GPU arrays whatever memory they are in; GPU work on such a buffer then faults
 its pages over from the host. So nothing here reads the caches' own buffers: a write reads a copy
-of its own (`own_copy`), dropped on the model's thread with MLX's buffer cache emptied after it
+of its own (`own_copy`), dropped on the model's thread and freed rather than recycled
 (`return_host_copies`); a load checksums the file's bytes and leaves the arrays, which mx.load
 puts in device memory, untouched by the host. At start-up the app loads the newest entries that
 fit its memory budget (`PrefixCache.preload`), so the turn after a restart reads nothing from disk.
@@ -179,14 +179,22 @@ def prepare(arrays: Dict[str, mx.array]) -> Host:
     return {name: (_DTYPES[a.dtype], tuple(a.shape), memoryview(a).cast("B")) for name, a in own.items()}
 
 
-def return_host_copies() -> None:
-    """After host copies of device arrays are dropped (on the model's thread): on CUDA their
-    buffers, now unified memory whose pages sit on the host, would go back to MLX's buffer cache
-    and be handed to the next GPU arrays of their size (the next prefill's KV, a snapshot), which
-    would then run on page faults. Emptying the cache frees them instead; elsewhere (CPU, Metal's
-    unified memory) nothing is wrong with the cache and it is left alone."""
-    if on_cuda():
-        mx.clear_cache()
+def return_host_copies(spent: list) -> None:
+    """Drop the host copies in `spent` (on the model's thread). On CUDA their buffers, now unified
+    memory whose pages sit on the host, would go back to MLX's buffer cache and be handed to the
+    next GPU arrays of their size (the next prefill's KV, a snapshot), which would then run on
+    page faults: they are freed instead, with the cache's limit at 0 while they go. The rest of
+    the cache stays: emptying it all (mx.clear_cache, before 2026-12-03) gave the next turn's
+    chunks only fresh allocations to run on. Elsewhere (CPU, Metal's unified memory) nothing is
+    wrong with the cache and the copies go back to it."""
+    if not on_cuda():
+        spent.clear()
+        return
+    limit = mx.set_cache_limit(0)
+    try:
+        spent.clear()   # the last references: MLX frees their buffers, as the cache is "full"
+    finally:
+        mx.set_cache_limit(limit)
 
 
 def _file_checksum(path: Path) -> Tuple[str, Dict[str, str]]:
@@ -395,8 +403,7 @@ class DiskCache:
         with self._lock:
             spent, self._spent = self._spent, []
         if spent:
-            del spent
-            return_host_copies()
+            return_host_copies(spent)
 
     @property
     def writing(self) -> bool:

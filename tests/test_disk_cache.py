@@ -260,11 +260,12 @@ def test_own_copy_is_a_copy_bit_for_bit(monkeypatch):
 def test_written_copies_are_dropped_on_the_model_thread(tmp_path, monkeypatch):
     """store_soon's host copy outlives its write until `release` on the caller's thread (the
     model's), which then gives its memory back (return_host_copies: on CUDA, out of MLX's buffer
-    cache); store does both on its own thread."""
+    cache, its buffers freed rather than cached); store does both on its own thread."""
     from core import disk_cache
 
     returned = []
-    monkeypatch.setattr(disk_cache, "return_host_copies", lambda: returned.append(threading.current_thread().name))
+    monkeypatch.setattr(disk_cache, "return_host_copies",
+                        lambda spent: (spent.clear(), returned.append(threading.current_thread().name)))
     dc, said = cache(tmp_path)
     done = threading.Event()
     assert dc.store_soon(tuple(range(5, 69)), arrays(1), {}, done=done.set)
