@@ -22,6 +22,9 @@ Then `overlap`: whole prefills as the engine runs them (`--overlap` new tokens a
 snapshot, a warm agent turn's sizes, and `--fresh-prefill` tokens from nothing), with chunks
 overlapping or not (core.stream.PIPELINE) and the long runner handing the device its layers
 every 4 or only at the end (`submit_every`), the four variants in turn, medians of `--repeats`.
+Last, `cleared`: the same continuation with MLX's buffer cache kept or emptied just before
+(mx.clear_cache, what the disk cache did after each write until 2026-12-03), then emptied with
+the CUDA memory pool told to keep what it frees (its release threshold at the maximum).
 """
 from __future__ import annotations
 
@@ -148,6 +151,45 @@ def overlap(ad, pc, ids, depth: int, sizes: list, fresh_n: int, repeats: int) ->
     return out
 
 
+def keep_pool() -> str:
+    """The device's default CUDA memory pool keeps freed memory reserved (release threshold at the
+    maximum) instead of handing it back at each synchronisation: the driver API, as MLX's
+    allocator uses that pool. Returns what happened."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, pool = ctypes.c_int(), ctypes.c_void_p()
+        rc = [cu.cuInit(0), cu.cuDeviceGet(ctypes.byref(dev), 0),
+              cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)]
+        rc.append(cu.cuMemPoolSetAttribute(pool, 4, ctypes.byref(ctypes.c_uint64(2**64 - 1))))
+        return "kept" if not any(rc) else f"failed {rc}"
+    except OSError as exc:
+        return f"failed: {exc}"
+
+
+def cleared(ad, pc, ids, depth: int, n: int, repeats: int) -> dict:
+    """A continuation of n tokens with MLX's buffer cache kept or emptied before it, in turn;
+    then emptied with the pool keeping its memory (`keep_pool`)."""
+    prompt = Prompt(tuple(ids[:depth + n]), ())
+    got = {"kept": [], "cleared": []}
+    for r in range(repeats + 1):
+        for v in (("kept", "cleared") if r % 2 == 0 else ("cleared", "kept")):
+            if v == "cleared":
+                mx.clear_cache()
+            got[v].append(engine_chunk(ad, pc, prompt)["total_s"])
+    got["pool"] = keep_pool()
+    got["cleared, pool kept"] = []
+    for _ in range(repeats + 1):
+        mx.clear_cache()
+        mx.synchronize()
+        got["cleared, pool kept"].append(engine_chunk(ad, pc, prompt)["total_s"])
+    med = {k: statistics.median(v[1:]) for k, v in got.items() if isinstance(v, list)}
+    log(f"cleared, {n} new tokens after {depth}: " + ", ".join(f"{k} {v:.3f} s" for k, v in med.items())
+        + f" (pool: {got['pool']})")
+    return {"tokens": n, "median_s": med, **got}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -196,6 +238,8 @@ def main(argv=None) -> int:
     out["first_use"] = first_use(ad, pc, ids, a.depth, a.fresh)
     if a.overlap:
         out["overlap"] = overlap(ad, pc, ids, a.depth, a.overlap, a.fresh_prefill, a.repeats)
+        if mx.default_device() == mx.gpu:
+            out["cleared"] = cleared(ad, pc, ids, a.depth, a.overlap[0], a.repeats)
     Path(a.json).write_text(json.dumps(out, indent=1))
     for n, row in out["sizes"].items():
         log(f"{n:>4} new tokens, medians after the first: {row['median_after_first']} "

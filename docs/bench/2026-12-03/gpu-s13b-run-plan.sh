@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirteenth session's second run (GPU.md section 13): prefill chunks overlapping (the device runs
 # one while the host builds the next, core.stream.PIPELINE) and the long runner handing the device
-# its layers every 4 (GpuPrefill.submit_every), for issue 36's warm and restarted agent turns.
+# its layers every 4 (GpuPrefill.submit_every), the disk cache no longer emptying MLX's buffer cache
+# after each write, for issue 36's warm and restarted agent turns; the chunk probe's cleared table.
 # Wheels as in the first run (.whl/pa, .whl/web1, .whl/ptx, then .whl/p3 with this plan).
 # Say lines hold no quotes or parentheses: the first run stopped at one (bash syntax).
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
