@@ -201,6 +201,11 @@ class PrefixCache:
                 _, old = self._snaps.popitem(last=False)
                 total -= old.nbytes
 
+    def newest(self) -> Optional[Snapshot]:
+        """The snapshot kept or used last (after `preload`: the newest entry on disk)."""
+        with self._lock:
+            return next(reversed(self._snaps.values()), None)
+
     def clear(self) -> None:
         with self._lock:
             self._snaps.clear()

@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from .images import ImageSpan, key_ids
 from .logprobs import token_logprobs
-from .prefix_cache import Snapshot, marks_within
+from .prefix_cache import PrefixCache, Snapshot, marks_within
 from .stats import GenerationStats, OwnClock
 from .waterfall import SAMPLE_EVERY, Waterfall
 
@@ -194,6 +194,26 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
         parts["chunks_s"] += took
         parts["last_chunk_s"] += took
     return Prefilled(logits[:, -1], h_last, start, L - start, parts)
+
+
+def rehearse(adapter, snap: Snapshot, new: int = 64) -> int:
+    """A turn's continuation of `snap` run through the engine's own prefill and dropped: `new`
+    tokens on the long path, then SHORT_CHUNK on the few-token path, as an agent's next turn after
+    a restart runs them. Why: a process's first long chunk at a deep restored context cost
+    ~0.2 s more of host time than later ones on the H200 (docs/bench/2026-12-03/GPU.md, section
+    13), paid by the first turn after a restart unless paid here, before the server listens.
+    Nothing of it stays: its caches and the one-snapshot prefix cache go. Returns the tokens run."""
+    if snap.length < 1:
+        return 0
+    filler = (snap.ids[-new:] * (new // max(1, min(new, snap.length)) + 1))[:new + SHORT_CHUNK]
+    prompt = Prompt(tuple(snap.ids) + tuple(filler), (snap.length + new,))
+    held = PrefixCache(1 << 62)
+    held.store(snap)
+    cache = adapter.make_cache()
+    draft = adapter.make_draft(cache)
+    done = prefill(adapter, prompt, cache, draft, held)
+    mx.eval(done.logits)
+    return done.prefilled_tokens
 
 
 def _partial_match(text: str, stop_strings: Sequence[str]) -> int:

@@ -13,13 +13,14 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import openai
 import pytest
 
 from adapters import load_adapter
 from core import AutoregressiveDecoder, PrefixCache, SpeculativeDecoder, chat_prompt, history_prompt
 from core.disk_cache import TMP, DiskCache, model_identity
-from core.stream import cache_history
+from core.stream import SHORT_CHUNK, cache_history, rehearse
 from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
 from tests._ties import assert_greedy_equal
 from tests._webapp_helpers import REPO, App
@@ -90,6 +91,7 @@ def test_turn_7_after_a_restart_prefills_only_its_new_message(checkpoint, adapte
         said = "".join(second.lines)
         assert "prefix cache on disk: " in said and "skipped" not in said
         assert "snapshot(s) (" in said and "loaded from disk in" in said            # preloaded before serving
+        assert f"a next turn after the newest rehearsed, {64 + SHORT_CHUNK} tokens" in said
         for lane in ("ar", "mtp"):
             history = reference[lane][0][: 2 * TURNS]
             _, out = converse(second.url, lane, 1, history)
@@ -205,8 +207,9 @@ def test_a_budget_for_a_few_entries_keeps_the_newest(adapter, checkpoint, refere
 
 def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint, reference, tmp_path):
     """After a restart the app loads the most recently used entries that fit the in-memory
-    budget before it serves (PrefixCache.preload): the next turn then restores from memory,
-    reads nothing from disk, and replies as the run that never restarted."""
+    budget before it serves (PrefixCache.preload), and rehearses a turn after the newest: the
+    next turn then restores from memory, reads nothing from disk, and replies as the run that
+    never restarted."""
     msgs, first = turns(adapter, 3, PrefixCache(2**30, disk=disk(adapter, checkpoint, tmp_path)[0]))
     dc, said = disk(adapter, checkpoint, tmp_path)
     by_use = dc.newest()
@@ -217,6 +220,13 @@ def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint
     assert n == 2 and 0 < nbytes <= budget and set(pc._snaps) == {by_use[0].ids, by_use[1].ids}
     assert list(pc._snaps)[-1] == by_use[0].ids                           # the newest is kept last
     assert (dc.hits, pc.disk_hits) == (0, 0)                              # preloading is not a hit
+    # The start-up's rehearsal of a next turn (core.stream.rehearse) runs the engine's prefill
+    # after the newest and leaves nothing behind: the cache's snapshots, their values, its counts.
+    newest = pc.newest()
+    before = {k: np.array(v) for k, v in newest.state.arrays.items()}
+    assert newest.ids == by_use[0].ids and rehearse(adapter, newest) == 64 + SHORT_CHUNK
+    assert set(pc._snaps) == {by_use[0].ids, by_use[1].ids} and (pc.hits, pc.misses) == (0, 0)
+    assert all(np.array_equal(before[k], np.array(v)) for k, v in newest.state.arrays.items())
     asked = msgs + [{"role": "user", "content": questions("mtp")[3]}]
     ids, stats = decoder(adapter, "mtp", pc).generate(chat_prompt(adapter, asked), max_tokens=MAX_TOKENS)
     assert_replies(adapter, reference, [o[0] for o in first] + [ids])

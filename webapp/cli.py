@@ -161,9 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         host_model.warmup(params, log=lambda m: print(f"mtp-chat: {m}", flush=True))
     if disk is not None and len(disk):
         t0 = time.perf_counter()
-        n, nbytes = host_model.worker.call(host_model.prefix_cache.preload)
+        n, nbytes, rehearsed = host_model.preload()
         say(f"prefix cache: {n} snapshot(s) ({nbytes / 2**20:.1f} MiB) loaded from disk in "
-            f"{time.perf_counter() - t0:.1f} s (the newest that fit its {settings.prefix_cache_mb} MiB in memory)")
+            f"{time.perf_counter() - t0:.1f} s (the newest that fit its {settings.prefix_cache_mb} MiB in memory"
+            + (f"; a next turn after the newest rehearsed, {rehearsed} tokens)" if rehearsed else ")"))
 
     from .server import launch
     from .ui.page import build_app

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from .ar_reference import ArReferences, Reference
 from .calibration import Calibration
@@ -134,6 +134,20 @@ class ModelHost:
             self.histories.now()
             self.histories.wait(timeout)
             self.worker.later(self.prefix_cache.flush, timeout).result(2 * timeout)
+
+    def preload(self) -> Tuple[int, int, int]:
+        """At start-up, after the warm-up: the newest disk snapshots into memory, then a turn after
+        the newest rehearsed (core.stream.rehearse: a restart's next turn then runs warm).
+        Returns (snapshots, bytes, tokens rehearsed)."""
+        if self.prefix_cache is None or self.prefix_cache.disk is None:
+            return 0, 0, 0
+        from core.stream import rehearse
+
+        def run():
+            n, nbytes = self.prefix_cache.preload()
+            snap = self.prefix_cache.newest()
+            return n, nbytes, rehearse(self.adapter, snap) if n and snap is not None else 0
+        return self.worker.call(run)
 
     @classmethod
     def load(cls, path, settings, log: Callable[[str], None] = print, load=None) -> "ModelHost":
