@@ -25,6 +25,9 @@ every 4 or only at the end (`submit_every`), the four variants in turn, medians 
 Last, `cleared`: the same continuation with MLX's buffer cache kept or emptied just before
 (mx.clear_cache, what the disk cache did after each write until 2026-12-03), then emptied with
 the CUDA memory pool told to keep what it frees (its release threshold at the maximum).
+With `--depths`, `by_depth`: each size as the engine runs it after a snapshot at each depth (0:
+a fresh prompt of that size), medians of the repeats after the first: what of a chunk's time
+grows with the context behind it and what does not.
 """
 from __future__ import annotations
 
@@ -190,6 +193,19 @@ def cleared(ad, pc, ids, depth: int, n: int, repeats: int) -> dict:
     return {"tokens": n, "median_s": med, **got}
 
 
+def by_depth(ad, pc, ids, depths: list, sizes: list, repeats: int) -> dict:
+    """Each size after each depth's snapshot (0: fresh), as the engine runs it, in turn."""
+    got = {f"{d}+{n}": [] for d in depths for n in sizes}
+    for _ in range(repeats + 1):
+        for d in depths:
+            for n in sizes:
+                got[f"{d}+{n}"].append(engine_chunk(ad, pc if d else None, Prompt(tuple(ids[:d + n]), ()))["total_s"])
+    out = {k: {"median_s": statistics.median(v[1:]), "first_s": v[0]} for k, v in got.items()}
+    for k, v in out.items():
+        log(f"by depth, {k}: {v['median_s']:.4f} s (first {v['first_s']:.4f})")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -202,6 +218,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap", type=int, nargs="*", default=[961, 2737],
                     help="new tokens after the snapshot for the overlap table (none: skip it)")
     ap.add_argument("--fresh-prefill", type=int, default=8192, help="tokens from nothing for the overlap table")
+    ap.add_argument("--depths", type=int, nargs="*", default=[],
+                    help="also each size after a snapshot at each of these depths (0: fresh; by_depth)")
     a = ap.parse_args(argv)
 
     ad = load_adapter(a.model)
@@ -212,7 +230,8 @@ def main(argv=None) -> int:
     cache = ad.make_cache()
     draft = ad.make_draft(cache)
     t = sync()
-    run_through(prefill_chunks(ad, Prompt(tuple(ids[:a.depth + 1]), (a.depth,)), cache, draft, pc))
+    marks = tuple(sorted({a.depth} | {d for d in a.depths if 0 < d <= a.depth}))
+    run_through(prefill_chunks(ad, Prompt(tuple(ids[:a.depth + 1]), marks), cache, draft, pc))
     log(f"prefilled {a.depth + 1} tokens in {sync() - t:.2f} s; snapshots: {len(pc)}")
     del cache, draft
 
@@ -235,6 +254,8 @@ def main(argv=None) -> int:
         later = lambda k, part="total_s": statistics.median(x[part] for x in row[k][1:]) if len(row[k]) > 1 else None
         row["median_after_first"] = {k: later(k) for k in ("restored", "copied", "engine")}
         row["median_after_first_parts"] = {p: later("restored", p) for p in ("restore_s", "trunk_s", "absorb_s")}
+    if a.depths:
+        out["by_depth"] = by_depth(ad, pc, ids, a.depths, a.tokens, a.repeats)
     out["first_use"] = first_use(ad, pc, ids, a.depth, a.fresh)
     if a.overlap:
         out["overlap"] = overlap(ad, pc, ids, a.depth, a.overlap, a.fresh_prefill, a.repeats)
