@@ -181,21 +181,27 @@ class Sequence:
         p = self.sampler.mask(logits, allowed) if self.sampler.greedy else self.sampler.support(logits, allowed)
         return verify_drafts(p, q, drafts, self.keys.next(3), self.sampler.greedy)
 
-    def commit(self, drafts, outcome, logits, hidden, captured, finite) -> None:
-        """Keep the verified prefix: roll the caches back to it, feed it to the head next cycle.
-        `finite`: were this sequence's verify and draft logits all finite (read already)."""
+    def verified(self, drafts, outcome, finite) -> tuple:
+        """What this sequence keeps of its cycle: (n drafts accepted, the token after them, the
+        tokens, their origins), read from the arrays the batch's sync computed, whole (as the
+        lane reads them). `finite`: were its verify and draft logits all finite."""
         accepted, corrections, bonus = outcome
         check_finite(finite.item(), "target model or MTP head")
         depth = drafts.shape[0]
         n = accepted_prefix(accepted.tolist())
         new = bonus if n == depth else corrections[n:n + 1]
-        # Tokens read from the arrays the batch's sync computed, whole (as the lane reads them).
         tokens = drafts.tolist()[:n] + [int(bonus.item() if n == depth else corrections.tolist()[n])]
         origins = ["draft"] * n + ["bonus" if n == depth else "correction"]
         kept = self.constraint.take(tokens) if self.free else None
         if kept is not None and kept < len(tokens):   # draft `kept` opened the grammar: end the cycle there (as the lane)
             n, new, tokens, origins = kept - 1, drafts[kept - 1:kept], tokens[:kept], origins[:kept]
-        self.adapter.rollback(self.cache, captured, keep=n + 1)
+        return n, new, tokens, origins
+
+    def commit(self, drafts, verified: tuple, logits, hidden) -> None:
+        """Keep the verified prefix (its caches rolled back to it already, by the batch): feed it
+        to the head next cycle, emit its tokens."""
+        n, new, tokens, origins = verified
+        depth = drafts.shape[0]
         self.adapter.end_cycle(self.draft, depth)
         self.feed_h, self.feed_t = hidden[:, :n + 1], mx.concatenate([drafts[:n], new])
         self.stats.record_cycle(depth, n)
@@ -383,9 +389,11 @@ class Batch:
         dl = mx.concatenate(draft_logits)
         ok = [mx.logical_and(all_finite(logits[b]), all_finite(dl[b::len(seqs)])) for b in range(len(seqs))]
         mx.eval(outcomes, drafts, ok)
-        # 4. Commit: each keeps what it verified.
+        # 4. Commit: each keeps what it verified (the caches rolled back together).
+        kept = [s.verified(drafts[b], outcomes[b], ok[b]) for b, s in enumerate(seqs)]
+        rollback_batch(ad, [s.cache for s in seqs], captured, [v[0] + 1 for v in kept])
         for b, s in enumerate(seqs):
-            s.commit(drafts[b], outcomes[b], logits[b], vh[b:b + 1], captured[b], ok[b])
+            s.commit(drafts[b], kept[b], logits[b], vh[b:b + 1])
 
 
 def forward_batch(adapter, tokens: mx.array, caches: list, capture: bool = False):
@@ -395,6 +403,15 @@ def forward_batch(adapter, tokens: mx.array, caches: list, capture: bool = False
         return fn(tokens, caches, capture=capture)
     outs = [adapter.forward(tokens[b:b + 1], c, capture=capture) for b, c in enumerate(caches)]
     return (mx.concatenate([o[0] for o in outs]), mx.concatenate([o[1] for o in outs]), [o[2] for o in outs])
+
+
+def rollback_batch(adapter, caches: list, captured: list, keeps: list) -> None:
+    """The adapter's rollback of a forward_batch's sequences together, or one at a time."""
+    fn = getattr(adapter, "rollback_batch", None)
+    if fn is not None:
+        return fn(caches, captured, keeps)
+    for cache, cap, keep in zip(caches, captured, keeps):
+        adapter.rollback(cache, cap, keep)
 
 
 def draft_batch(adapter, drafts: list, caches: list, hiddens: list, tokens: list):

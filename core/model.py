@@ -19,10 +19,12 @@ with their own caches, issue 22) can come without a new contract. A drafter that
 state of its own (Gemma 4's assistant reads the trunk's KV, issue 19) returns an empty draft
 state and ignores `absorb`; that is why every drafter method also receives the trunk cache.
 
-Batched decoding (core/batch.py) needs two more, optional, methods: `forward_batch(tokens [B, T],
+Batched decoding (core/batch.py) uses three more, optional, methods: `forward_batch(tokens [B, T],
 caches, capture)` -> (logits [B, T, V], hidden [B, T, H], a captured per sequence) and
 `draft_batch(drafts, caches, hiddens, tokens)` -> (g [B, 1, H], logits [B, V]), each sequence
-with its own caches (rollback stays per sequence). Without them core loops over the sequences.
+with its own caches; and `rollback_batch(caches, captured, keeps)`: a forward_batch's sequences
+each keep their own prefix, as `rollback` one at a time would. Without them core loops over the
+sequences.
 
 Snapshots for the prefix cache are `State`s: named arrays plus small metadata, written and read
 by the adapter. Anything that stores them (the in-memory prefix cache today, a disk cache with

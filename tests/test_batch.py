@@ -404,3 +404,54 @@ def test_a_batch_of_greedy_sequences_samples_once_for_all(mixed_adapter, monkeyp
             out[id(s)] += list(ev.tokens)
     assert [out[id(s)] for s in seqs] == [list(a) for a in alone]
     assert calls["greedy_rows_or_flag"] >= 8 and calls["sample_or_flag"] <= len(prompts) * 2
+
+
+def test_a_batch_rolls_back_together_as_each_sequence_alone(bf16_adapter):
+    """rollback_batch (the kept rows of every Gated-DeltaNet layer gathered once for the batch)
+    leaves each sequence's caches bit for bit as `rollback` one at a time does, at mixed keeps
+    (1, all 3, 2 of 3 verified positions), keeps the batch's rows stacked for its next step (no
+    concatenation), and the next verify computes the same; all kept, nothing moves."""
+    from adapters.qwen3_5 import layers
+
+    ad = bf16_adapter
+    prompts = [[5, 9, 13, 21, 34], [100, 7, 300], [3, 8, 2, 11]]
+    verify = mx.array([[40, 41, 42], [50, 51, 52], [60, 61, 62]])
+    keeps = [1, 3, 2]
+
+    def verified():
+        caches = [ad.make_cache() for _ in prompts]
+        for ids, c in zip(prompts, caches):
+            ad.forward(mx.array([ids]), c)
+        _, _, captured = ad.forward_batch(verify, caches, capture=True)
+        return caches, captured
+
+    def arrays(caches):
+        out = []
+        for c in caches:
+            for layer in c:
+                if isinstance(layer, list) or hasattr(layer, "stacked"):
+                    out += [layer[0], layer[1]]
+                else:
+                    out += [layer.keys[..., :layer.offset, :], layer.values[..., :layer.offset, :]]
+        return out
+
+    one, together = verified(), verified()
+    for cache, cap, keep in zip(*one, keeps):
+        ad.rollback(cache, cap, keep)
+    ad.rollback_batch(*together, keeps)
+    a, b = arrays(one[0]), arrays(together[0])
+    assert len(a) == len(b) and all(x.shape == y.shape and bool(mx.array_equal(x, y)) for x, y in zip(a, b))
+    assert [c[0].offset if hasattr(c[0], "offset") else None for c in one[0]] == \
+        [c[0].offset if hasattr(c[0], "offset") else None for c in together[0]]
+    i, p = next((i, p) for i, p in enumerate(ad.stack.layers) if isinstance(p, layers.GdnParams))
+    cs = [c[i] for c in together[0]]
+    assert layers._stacked_states(p, cs, mx.bfloat16)[1] is cs[0].stacked[1]   # stacked, for the next step
+    assert one[0][0][i].stacked is None and one[0][2][i].stacked is None   # one at a time: the note goes
+    nxt = mx.array([[70, 71], [80, 81], [90, 91]])
+    got_one, got_together = ad.forward_batch(nxt, one[0])[0], ad.forward_batch(nxt, together[0])[0]
+    assert bool(mx.array_equal(got_one, got_together))
+    caches, captured = verified()
+    held = lambda: [(id(l[0]), id(l[1])) if not hasattr(l, "offset") else l.offset for c in caches for l in c]  # noqa: E731
+    before = held()
+    ad.rollback_batch(caches, captured, [3, 3, 3])                      # every position kept
+    assert held() == before and all(c.batch is None for c in captured)

@@ -31,6 +31,24 @@ class Captured:
     width: int
     # per Gated-DeltaNet layer index: (conv_input [B, K-1+T, C], the state after each position)
     gdn: dict = field(default_factory=dict)
+    # A batch's verify (forward_batch): per layer index the batch's stacked (conv_input [B, ...],
+    # the states [B, ...] after each position), shared by its sequences' Captured, and this
+    # sequence's row. `rollback_batch` reads them whole; `rollback` this row's views.
+    batch: Optional[dict] = None
+    row: int = 0
+
+    def layers(self) -> dict:
+        """Per Gated-DeltaNet layer index: this sequence's (conv_input, states)."""
+        if self.batch is None:
+            return self.gdn
+        b = self.row
+        return {i: (conv[b:b + 1], [s[b:b + 1] for s in states]) for i, (conv, states) in self.batch.items()}
+
+    def clear(self) -> None:
+        """The states not kept go now: a caller's reference to the capture lives into the next
+        verify, and would hold every position's state through it (peak memory, issue 14)."""
+        self.gdn.clear()
+        self.batch = None
 
 
 class TrunkCache(list):
@@ -161,26 +179,66 @@ class HybridAdapter:
         post = run.final_norm(self.inner.norm, h)
         logits = self.lm_head(post, run)
         return (run.leave(logits), run.leave(h if self._pre_norm else post),
-                [Captured(tokens.shape[1], g) if capture else None for g in gdn])
+                [Captured(tokens.shape[1], batch=gdn, row=b) if capture else None for b in range(len(caches))])
 
     def rollback(self, cache: list, captured: Captured, keep: int) -> None:
         """Commit only the first `keep` positions of a captured verify pass."""
         drop = captured.width - keep
         if drop == 0:
-            captured.gdn.clear()
+            captured.clear()
             return
+        gdn = captured.layers()
         for i, c in enumerate(cache):
-            if i in captured.gdn:
-                conv_input, states = captured.gdn[i]
+            if i in gdn:
+                conv_input, states = gdn[i]
                 n_keep = conv_input.shape[1] - captured.width
                 c[0] = mx.contiguous(conv_input[:, keep : keep + n_keep])
                 c[1] = states[keep - 1]
                 c.stacked = None  # a batch's stacked rows are not this cache's any more (layers._stacked_states)
             else:
                 c.trim(drop)
-        # The states not kept go now: a caller's reference to `captured` lives into the next
-        # verify, and would hold every position's state through it (peak memory, issue 14).
-        captured.gdn.clear()
+        captured.clear()
+
+    def rollback_batch(self, caches: list, captured: list, keeps: list) -> None:
+        """`rollback` for the sequences of one forward_batch, each keeping its own prefix. Per
+        Gated-DeltaNet layer the batch's kept rows are taken in one gather (the conv windows) and
+        one select a dropped position (the states), split once and left stacked for the next
+        step (layers.keep_stacked), where a sequence at a time took a slice and a copy each: the
+        host's primitives a cycle grew with B (scripts/bench/batch_graph.py). The values are the
+        rows `rollback` takes, moved, never computed."""
+        batch = captured[0].batch if captured and captured[0] is not None else None
+        if batch is None or len(caches) < 2 or any(c is None or c.batch is not batch for c in captured):
+            for cache, cap, keep in zip(caches, captured, keeps):
+                self.rollback(cache, cap, keep)
+            return
+        W = captured[0].width
+        if all(k == W for k in keeps):
+            for cap in captured:
+                cap.clear()
+            return
+        kept = mx.array(keeps, dtype=mx.int32)
+        at = {t: (kept == t + 1).reshape(-1, 1, 1, 1) for t in range(W - 1)}   # rows whose state is position t's
+        windows = {}
+        for i in range(len(caches[0])):
+            cs = [cache[i] for cache in caches]
+            if i not in batch:
+                for c, keep in zip(cs, keeps):
+                    if keep < W:
+                        c.trim(W - keep)
+                continue
+            conv_input, states = batch[i]
+            n_keep = conv_input.shape[1] - W
+            if n_keep not in windows:
+                windows[n_keep] = (kept[:, None] + mx.arange(n_keep, dtype=mx.int32)[None])[..., None]
+            conv = mx.take_along_axis(conv_input, windows[n_keep], axis=1)
+            state = states[W - 1]
+            for t in range(W - 2, -1, -1):
+                state = mx.where(at[t], states[t], state)
+            for c, row_conv, row_state in zip(cs, layers.rows(conv), layers.rows(state)):
+                c[0], c[1] = row_conv, row_state
+            layers.keep_stacked(cs, (conv, state))
+        for cap in captured:
+            cap.clear()
 
     # -- the MTP head ----------------------------------------------------------------------
     def mtp_forward(self, hidden: mx.array, next_tokens: mx.array, mtp_cache: KVCache, *, fast: bool = True) -> mx.array:

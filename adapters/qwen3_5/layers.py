@@ -240,7 +240,7 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
                 c[1] = mx.zeros((B, p.Hv, p.Dv, p.Dk), dtype=mx.float32)
             h, c[0], states, conv_input = run.gdn(p, h, c[0], c[1], capture, ssm_mask)
             c[1] = states[-1]
-            c.stacked = None   # a batch's note (_keep_stacked) is stale now: let its arrays go
+            c.stacked = None   # a batch's note (keep_stacked) is stale now: let its arrays go
             c.advance(S)
             if capture:
                 captured[i] = (conv_input, states)
@@ -272,7 +272,7 @@ def attend(run, p: AttnParams, x: mx.array, cache, pos, mask, final_norm=None) -
 
 
 def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture: bool, deltas=None
-                    ) -> Tuple[mx.array, List[Dict[int, tuple]]]:
+                    ) -> Tuple[mx.array, Dict[int, tuple]]:
     """Several sequences, each with its own cache, through the trunk in one pass: h [B, S, H].
 
     Every linear sees all B rows (the weights are read once for the batch). A Gated-DeltaNet
@@ -280,9 +280,11 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
     reused stacked by the next plain step of the same sequences: _stacked_states). An
     attention layer ropes each row at its own position, then attends each row over its own KV
     cache: no padding and no shared buffer, so a sequence joins, leaves or rolls back alone.
-    Returns the last hidden and, per sequence, what `run_trunk` captures for one."""
+    Returns the last hidden and, when capturing, per Gated-DeltaNet layer the batch's stacked
+    (conv_input [B, K-1+S, C], the states [B, ...] after each position): `run_trunk`'s capture
+    for all rows at once (row b of each is sequence b's)."""
     S = h.shape[1]
-    captured: List[Dict[int, tuple]] = [{} for _ in caches]
+    captured: Dict[int, tuple] = {}
     pos = None
     for i, p in enumerate(stack.layers):
         cs = [c[i] for c in caches]
@@ -291,17 +293,15 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
             h, conv_keep, states, conv_input = run.gdn(p, h, conv, state, capture, None)
             # Rows as views, one Split a batch rather than a Slice a row: the host builds fewer
             # primitives each step (what grows with B: scripts/bench/batch_graph.py).
-            rows = _rows(conv_keep), _rows(states[-1])
-            if capture:
-                inputs, kept = _rows(conv_input), [_rows(s) for s in states[:-1]]
+            written = rows(conv_keep), rows(states[-1])
             for b, c in enumerate(cs):
-                c[0], c[1] = rows[0][b], rows[1][b]
+                c[0], c[1] = written[0][b], written[1][b]
                 c.advance(S)
-                if capture:
-                    captured[b][i] = (inputs[b], [s[b] for s in kept] + [c[1]])
+            if capture:   # stacked, for the batch: a rollback takes rows out of them (the adapter's)
+                captured[i] = (conv_input, states)
             # A verify's too: where every sequence keeps all its positions (nothing rolled back), the
-            # next step starts from them; a rollback that drops positions drops the note.
-            _keep_stacked(cs, (conv_keep, states[-1]))
+            # next step starts from them; a rollback_batch notes its own, a rollback drops it.
+            keep_stacked(cs, (conv_keep, states[-1]))
         else:
             if pos is None:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
@@ -317,7 +317,7 @@ def attend_batch(run, p: AttnParams, x: mx.array, caches: list, pos, final_norm=
     is roped at its own position and attends over its own cache."""
     S = x.shape[1]
     q, k, v, gate = run.attention_in(p, x, pos)
-    fetched = [c.update_and_fetch(kb, vb) for kb, vb, c in zip(_rows(k), _rows(v), caches)]
+    fetched = [c.update_and_fetch(kb, vb) for kb, vb, c in zip(rows(k), rows(v), caches)]
     # Each sequence as `attend` runs it alone: the backend's one kernel (its support depends
     # only on shapes every sequence shares), else attention over its own cache, then the gate.
     gated = run.attention_gated_batch(p, q, fetched, gate, caches)
@@ -328,7 +328,7 @@ def attend_batch(run, p: AttnParams, x: mx.array, caches: list, pos, final_norm=
     return run.attention_out(p, x, mx.concatenate(outs), gate, final_norm)
 
 
-def _rows(x: mx.array) -> List[mx.array]:
+def rows(x: mx.array) -> List[mx.array]:
     """x [B, ...] -> its B rows [1, ...], views of x."""
     return mx.split(x, x.shape[0]) if x.shape[0] > 1 else [x]
 
@@ -352,7 +352,7 @@ def _stacked_states(p: GdnParams, cs: list, dtype) -> Tuple[mx.array, mx.array]:
     return conv, state
 
 
-def _keep_stacked(cs: list, arrays: Tuple[mx.array, mx.array]) -> None:
+def keep_stacked(cs: list, arrays: Tuple[mx.array, mx.array]) -> None:
     """Note on each cache the stacked arrays its rows were just written from. While the cache
     holds those rows the note costs no memory (they are views of its arrays); a forward of the
     sequence alone (run_trunk) or a rollback that drops positions (the adapter's) drops it."""

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fourteenth session's run, prepared in the thirteenth (GPU.md section 13), about 600 s:
+# 1. The agent session restarted, 4 turns: the start-up now rehearses a turn after the newest
+#    snapshot (core.stream.rehearse), so a restarted process's first long chunk should no longer
+#    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns.
+# 2. The 9B's exactness with the batched rollback, then the batch graph and 4 requests against 1
+#    (HybridAdapter.rollback_batch: ~150 fewer primitives an MTP cycle at B = 4, issue 32).
+# Wheels in four calls: .whl/pa, .whl/web1, .whl/ptx (the mlx wheel and the PTX cache), then
+# .whl/p3 with this plan. Say lines hold no quotes or parentheses (bash).
+source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
+say agent restart, 4 turns
+T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 --turns 4 --runs restart --json $O/agent_restart_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|server up|done|failed'" 420
+say agent warm
+T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
+say 9B exactness with the batched rollback
+T "$PY scripts/gpu/gpu_check.py --model $C --model-only --json $O/check_9b.json > $O/check_9b.log 2>&1; grep -E 'identical|FAIL|kernels' $O/check_9b.log | head -n 12" 300
+say batch graph then 4 requests against 1
+T "$PY scripts/bench/batch_graph.py --model $C --batch 1 4 --steps 8 --json $O/batch_graph_9b.json 2>&1 | grep -v 'regex pattern' | tail -n 6" 240
+T "$PY scripts/bench/bench_batch.py --model $C --requests 1 4 --tokens 256 --repeats 5 --long-prompt 0 --streams 0 --json $O/batch_9b_256.json 2>&1 | grep -v 'regex pattern' | tail -n 8" 300
+tar czf $O/ptx.tgz -C /root/.cache/mtp-chat ptx && ls -la $O/ptx.tgz
+say all done
