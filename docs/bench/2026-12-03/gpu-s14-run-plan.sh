@@ -2,7 +2,9 @@
 # Fourteenth session's run, prepared in the thirteenth (GPU.md section 13), about 600 s:
 # 1. The agent session restarted, 4 turns: the start-up now rehearses a turn after the newest
 #    snapshot (core.stream.rehearse), so a restarted process's first long chunk should no longer
-#    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns.
+#    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns, and warm again with the reply's
+#    history snapshot taken as soon as the model is idle (history_grace_s 0, against 1 s): with a
+#    one-chunk reply (~0.03 s) the next turn may then prefill only its new tokens.
 # 2. The 9B's exactness with the batched rollback, then the batch graph and 4 requests against 1
 #    (HybridAdapter.rollback_batch: ~150 fewer primitives an MTP cycle at B = 4, issue 32).
 # Wheels in four calls: .whl/pa, .whl/web1, .whl/ptx (the mlx wheel and the PTX cache), then
@@ -12,6 +14,8 @@ say agent restart, 4 turns
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 --turns 4 --runs restart --json $O/agent_restart_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|server up|done|failed'" 420
 say agent warm
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
+say agent warm with the history snapshot taken at once, grace 0
+T "MTP_CHAT_HISTORY_GRACE_S=0 $PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_grace0_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
 say 9B exactness with the batched rollback
 T "$PY scripts/gpu/gpu_check.py --model $C --model-only --json $O/check_9b.json > $O/check_9b.log 2>&1; grep -E 'identical|FAIL|kernels' $O/check_9b.log | head -n 12" 300
 say batch graph then 4 requests against 1
