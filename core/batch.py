@@ -4,7 +4,9 @@ Why: a decode step reads every weight to make one token per sequence, so steppin
 in one forward costs little more than one (issue 22). Each sequence keeps what makes its output
 its own: its caches, sampler, PRNG stream, grammar and depth policy; the decisions taken on
 them (sampling, acceptance, rollback) are the same code the lanes run alone (core/decoders.py),
-one sequence at a time. What the batch shares is the target's forward and the head's output
+one sequence at a time, except where they are the same for every row: greedy sequences without
+a grammar take their argmax in one launch for the batch, and the adapter may roll every
+sequence back at once (`rollback_batch`), each row moved as its own rollback would. What the batch shares is the target's forward and the head's output
 projection (the adapter's `forward_batch` / `draft_batch`; core falls back to a loop over
 sequences for an adapter without them).
 
@@ -19,7 +21,7 @@ One step of the batch (`Batch.step`):
     MTP group, one per draft depth D:
         D draft steps (one shared output projection each) -> each sequence draws its drafts
         one verify forward of [pending, d1..dD] per sequence -> each accepts its own prefix,
-        takes its correction or bonus, and rolls back its own caches to what it kept
+        takes its correction or bonus, and its caches roll back to what it kept
 """
 from __future__ import annotations
 
@@ -181,29 +183,27 @@ class Sequence:
         p = self.sampler.mask(logits, allowed) if self.sampler.greedy else self.sampler.support(logits, allowed)
         return verify_drafts(p, q, drafts, self.keys.next(3), self.sampler.greedy)
 
-    def verified(self, drafts, outcome, finite) -> tuple:
-        """What this sequence keeps of its cycle: (n drafts accepted, the token after them, the
-        tokens, their origins), read from the arrays the batch's sync computed, whole (as the
-        lane reads them). `finite`: were its verify and draft logits all finite."""
-        accepted, corrections, bonus = outcome
-        check_finite(finite.item(), "target model or MTP head")
-        depth = drafts.shape[0]
-        n = accepted_prefix(accepted.tolist())
-        new = bonus if n == depth else corrections[n:n + 1]
-        tokens = drafts.tolist()[:n] + [int(bonus.item() if n == depth else corrections.tolist()[n])]
+    def verified(self, drafts: List[int], accepted: List[bool], replacement, finite: bool) -> tuple:
+        """What this sequence keeps of its cycle, from its outcome as the batch's sync computed
+        it: (n drafts accepted, the tokens kept, their origins). `replacement(n)`: the token after
+        n accepted drafts (the correction, or the bonus after all), read only then; `finite`: were
+        its verify and draft logits all finite."""
+        check_finite(finite, "target model or MTP head")
+        depth = len(drafts)
+        n = accepted_prefix(accepted)
+        tokens = drafts[:n] + [replacement(n)]
         origins = ["draft"] * n + ["bonus" if n == depth else "correction"]
         kept = self.constraint.take(tokens) if self.free else None
         if kept is not None and kept < len(tokens):   # draft `kept` opened the grammar: end the cycle there (as the lane)
-            n, new, tokens, origins = kept - 1, drafts[kept - 1:kept], tokens[:kept], origins[:kept]
-        return n, new, tokens, origins
+            n, tokens, origins = kept - 1, tokens[:kept], origins[:kept]
+        return n, tokens, origins
 
-    def commit(self, drafts, verified: tuple, logits, hidden) -> None:
+    def commit(self, depth: int, verified: tuple, logits, hidden) -> None:
         """Keep the verified prefix (its caches rolled back to it already, by the batch): feed it
         to the head next cycle, emit its tokens."""
-        n, new, tokens, origins = verified
-        depth = drafts.shape[0]
+        n, tokens, origins = verified
         self.adapter.end_cycle(self.draft, depth)
-        self.feed_h, self.feed_t = hidden[:, :n + 1], mx.concatenate([drafts[:n], new])
+        self.feed_h, self.feed_t = hidden[:, :n + 1], mx.array(tokens, dtype=self.feed_t.dtype)
         self.stats.record_cycle(depth, n)
         if self.constraint is not None and not self.free:
             self.constraint.rollback(depth - n)
@@ -362,7 +362,10 @@ class Batch:
                 s.take_ar(logits[b:b + 1, -1], hidden[b:b + 1])
 
     def _mtp_step(self, seqs: Seq[Sequence], depth: int) -> None:
-        ad = self.adapter
+        ad, B = self.adapter, len(seqs)
+        # Greedy sequences without a grammar draw, accept and are read for the whole batch at once
+        # (each row's argmax is its own: the same tokens as each alone, fewer launches and reads).
+        plain = B > 1 and all(s.greedy_plain() for s in seqs)
         # 1. Draft: each head catches up on its sequence's new positions, then runs recursively.
         drafts, qs, draft_logits = [[] for _ in seqs], [[] for _ in seqs], []
         masks = [[allowed_after(s.constraint)] for s in seqs]
@@ -370,30 +373,51 @@ class Batch:
         for _ in range(depth):
             g, logits = draft_batch(ad, [s.draft for s in seqs], [s.cache for s in seqs], hs, ts)
             draft_logits.append(logits)
-            hs, ts = [g[b:b + 1] for b in range(len(seqs))], []
-            for b, s in enumerate(seqs):
-                t, q = s.draw(logits[b:b + 1], masks[b])
+            hs = mx.split(g, B) if B > 1 else [g]
+            drawn = mx.split(mx.argmax(logits, axis=-1), B) if plain else \
+                [s.draw(logits[b:b + 1], masks[b]) for b, s in enumerate(seqs)]
+            for b, t in enumerate(drawn):
+                t, q = (t, None) if plain else t
                 drafts[b].append(t)
                 qs[b].append(q)
-                ts.append(t[None])
+            ts = [d[-1][None] for d in drafts]
         drafts = [mx.concatenate(d) for d in drafts]
         mx.async_eval(drafts)   # the head computes while the verify graph is built (as the lane does)
 
         # 2. Verify every sequence's [pending, d1..dD] in one target forward, keeping per-position state.
-        tokens = mx.stack([mx.concatenate([mx.array([s.pending], dtype=mx.int32), d.astype(mx.int32)])
-                           for s, d in zip(seqs, drafts)])
+        tokens = mx.concatenate([mx.array([[s.pending] for s in seqs], dtype=mx.int32),
+                                 mx.stack(drafts).astype(mx.int32)], axis=1)
         logits, vh, captured = forward_batch(ad, tokens, [s.cache for s in seqs], capture=True)
 
         # 3. Accept: each sequence its own prefix; every outcome (and finiteness) read in one sync.
-        outcomes = [s.accept(drafts[b], qs[b], logits[b], masks[b]) for b, s in enumerate(seqs)]
-        dl = mx.concatenate(draft_logits)
-        ok = [mx.logical_and(all_finite(logits[b]), all_finite(dl[b::len(seqs)])) for b in range(len(seqs))]
-        mx.eval(outcomes, drafts, ok)
+        read = _accept(seqs, plain, tokens, logits, mx.concatenate(draft_logits).reshape(depth, B, -1),
+                       drafts, qs, masks)
         # 4. Commit: each keeps what it verified (the caches rolled back together).
-        kept = [s.verified(drafts[b], outcomes[b], ok[b]) for b, s in enumerate(seqs)]
-        rollback_batch(ad, [s.cache for s in seqs], captured, [v[0] + 1 for v in kept])
+        kept = [s.verified(*r) for s, r in zip(seqs, read)]
+        rollback_batch(ad, [s.cache for s in seqs], captured, [k[0] + 1 for k in kept])
         for b, s in enumerate(seqs):
-            s.commit(drafts[b], kept[b], logits[b], vh[b:b + 1])
+            s.commit(depth, kept[b], logits[b], vh[b:b + 1])
+
+
+def _accept(seqs, plain: bool, tokens, logits, draft_logits, drafts, qs, masks) -> list:
+    """Each sequence's (drafts, accepted flags, replacement(n), finite) for Sequence.verified:
+    computed on the device, then read after one sync. A plain greedy batch takes the target's
+    argmax for every row at once (verify_drafts' greedy test: a draft is accepted iff it is the
+    argmax; the correction, or the bonus after all, is the argmax at n) and reads each array
+    once for the batch; otherwise each sequence's test runs, and is read, as the lane's alone."""
+    depth = tokens.shape[1] - 1
+    if plain:
+        best = mx.argmax(logits, axis=-1)
+        accepted = tokens[:, 1:] == best[:, :depth]
+        ok = mx.isfinite(logits.sum(axis=(1, 2))) & mx.isfinite(draft_logits.sum(axis=(0, 2)))
+        mx.eval(accepted, best, tokens, ok)
+        rows = zip(tokens.tolist(), accepted.tolist(), best.tolist(), ok.tolist())
+        return [(t[1:], a, row.__getitem__, f) for t, a, row, f in rows]
+    outcomes = [s.accept(drafts[b], qs[b], logits[b], masks[b]) for b, s in enumerate(seqs)]
+    ok = [mx.logical_and(all_finite(logits[b]), all_finite(draft_logits[:, b])) for b in range(len(seqs))]
+    mx.eval(outcomes, tokens, ok)
+    return [(t[1:], a.tolist(), lambda n, c=c, bonus=bonus: int(bonus.item() if n == depth else c.tolist()[n]), f.item())
+            for t, (a, c, bonus), f in zip(tokens.tolist(), outcomes, ok)]
 
 
 def forward_batch(adapter, tokens: mx.array, caches: list, capture: bool = False):
