@@ -5,11 +5,15 @@
 #    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns, and warm again with the reply's
 #    history snapshot taken as soon as the model is idle (history_grace_s 0, against 1 s): with a
 #    one-chunk reply (~0.03 s) the next turn may then prefill only its new tokens.
+# 0. Where a long-path chunk's fixed ~0.02 s goes (gpu_chunk_parts.py: host build, encode, wait;
+#    each kernel class at T rows), issue 36.
 # 2. The 9B's exactness with the batched rollback, then the batch graph and 4 requests against 1
 #    (HybridAdapter.rollback_batch: ~150 fewer primitives an MTP cycle at B = 4, issue 32).
 # Wheels in four calls: .whl/pa, .whl/web1, .whl/ptx (the mlx wheel and the PTX cache), then
 # .whl/p3 with this plan. Say lines hold no quotes or parentheses (bash).
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
+say where a prefill chunk spends its time
+T "$PY scripts/gpu/gpu_chunk_parts.py --model $C --tokens 64 512 --json $O/chunk_parts.json 2>&1 | grep -v 'regex pattern' | tail -n 24" 240
 say agent restart, 4 turns
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 --turns 4 --runs restart --json $O/agent_restart_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|server up|done|failed'" 420
 say agent warm
