@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     # request: an agent whose next request comes sooner prefills the reply with it instead of
     # waiting for the snapshot (webapp/serving/model.py, remember).
     history_grace_s: float = Field(1.0, ge=0)
+    # A long prompt goes through the trunk this many tokens at a time (core/stream.py). Larger chunks
+    # prefill faster and hold more memory while they run (H200, 9B shape, 8k tokens: 5,821 tok/s and
+    # 8.8 GB peak at 512; 6,607 tok/s and 12.4 GB at 1024: docs/bench/2026-12-02/gpu-s4-prefill-9b.json).
+    prefill_chunk: int = Field(512, ge=16, le=8192)
     # Caps the context below the model's own (max_position_embeddings), in tokens; None = the model's.
     max_context: Optional[int] = Field(None, ge=64)
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.

@@ -16,6 +16,17 @@ from .stats import GenerationStats, OwnClock
 from .waterfall import SAMPLE_EVERY, Waterfall
 
 PREFILL_CHUNK = 512
+
+
+def set_prefill_chunk(tokens: int) -> None:
+    """The process's prefill chunk (settings.prefill_chunk): every prefill that does not pass its
+    own. Both lanes prefill alike whatever it is, so greedy MTP == AR holds at any size."""
+    global PREFILL_CHUNK
+    if not 16 <= int(tokens) <= 8192:
+        raise ValueError(f"a prefill chunk of {tokens} tokens: give 16-8192 (MTP_CHAT_PREFILL_CHUNK)")
+    PREFILL_CHUNK = int(tokens)
+
+
 # A chunk this short (a turn's generation prompt after its history's mark, typically ~5 tokens)
 # takes the adapter's few-token path, as a verify of as many positions does: through the long
 # path it cost ~0.035 s at 20k tokens of depth on the H200, a verify of 5 ~0.008 s

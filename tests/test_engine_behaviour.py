@@ -232,3 +232,27 @@ def test_chat_prompt_ids_uses_the_template_and_flattens_gradio_blocks(adapter):
         chat_prompt_ids(adapter, [])
     with pytest.raises(ValueError):
         chat_prompt_ids(adapter, [{"role": "robot", "content": "x"}])
+
+
+def test_the_prefill_chunk_is_a_setting(adapter, monkeypatch):
+    """MTP_CHAT_PREFILL_CHUNK sets the chunks every prefill runs (ModelHost at start-up):
+    a 700-token prompt then goes through the trunk in ceil(700 / chunk) long forwards; out of
+    16-8192 it is refused, by the settings and by core.stream.set_prefill_chunk, saying so."""
+    from pydantic import ValidationError
+
+    from core.settings import Settings
+    from core.stream import Prompt, prefill, set_prefill_chunk
+
+    monkeypatch.setattr(core.stream, "PREFILL_CHUNK", core.stream.PREFILL_CHUNK)   # restored after
+    monkeypatch.setenv("MTP_CHAT_PREFILL_CHUNK", "300")
+    set_prefill_chunk(Settings().prefill_chunk)
+    sizes, real = [], adapter.forward
+    monkeypatch.setattr(adapter, "forward", lambda tokens, cache, **kw: sizes.append(tokens.shape[1]) or real(tokens, cache, **kw))
+    cache = adapter.make_cache()
+    prefill(adapter, Prompt(tuple((i * 7) % 500 + 3 for i in range(700))), cache, None)
+    assert sizes == [300, 300, 100]
+    with pytest.raises(ValueError, match="16-8192"):
+        set_prefill_chunk(8)
+    monkeypatch.setenv("MTP_CHAT_PREFILL_CHUNK", "9000")
+    with pytest.raises(ValidationError):
+        Settings()

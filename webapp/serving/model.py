@@ -54,6 +54,9 @@ class ModelHost:
         self.max_depth = int(settings.max_depth)
         self.ar_references = ArReferences()
         from core import PrefixCache, context_window, markers_for
+        from core.stream import set_prefill_chunk
+
+        set_prefill_chunk(int(getattr(settings, "prefill_chunk", 512)))
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
         self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),

@@ -4,7 +4,8 @@
 #    snapshot (core.stream.rehearse), so a restarted process's first long chunk should no longer
 #    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns, and warm again with the reply's
 #    history snapshot taken as soon as the model is idle (history_grace_s 0, against 1 s): with a
-#    one-chunk reply (~0.03 s) the next turn may then prefill only its new tokens.
+#    one-chunk reply (~0.03 s) the next turn may then prefill only its new tokens; and warm with
+#    prefill chunks of 1024 tokens (MTP_CHAT_PREFILL_CHUNK): fewer chunks a turn, each faster a token.
 # 0. Where a long-path chunk's fixed ~0.02 s goes (gpu_chunk_parts.py: host build, encode, wait;
 #    each kernel class at T rows), issue 36.
 # 2. The 9B's exactness with the batched rollback, then the batch graph and 4 requests against 1
@@ -20,6 +21,8 @@ say agent warm
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
 say agent warm with the history snapshot taken at once, grace 0
 T "MTP_CHAT_HISTORY_GRACE_S=0 $PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_grace0_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
+say agent warm with prefill chunks of 1024 tokens
+T "MTP_CHAT_PREFILL_CHUNK=1024 $PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_chunk1024_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
 say 9B exactness with the batched rollback
 T "$PY scripts/gpu/gpu_check.py --model $C --model-only --json $O/check_9b.json > $O/check_9b.log 2>&1; grep -E 'identical|FAIL|kernels' $O/check_9b.log | head -n 12" 300
 say batch graph then 4 requests against 1
