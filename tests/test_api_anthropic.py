@@ -97,10 +97,11 @@ def test_a_cached_prefix_is_reported_as_cache_read(client):
     assert again.usage.cache_read_input_tokens > 0 and again.model_extra["mtp"]["cached_tokens"] > 0
     # where its time to first token went: the snapshot found, then the new tokens' chunks
     parts, ttft = again.model_extra["mtp"]["prefill_parts"], again.model_extra["mtp"]["ttft"]
-    assert {"lookup_s", "chunks_s", "snapshots_s", "chunks", "last_chunk_tokens", "last_chunk_s"} <= set(parts)
-    assert set(parts) <= {"lookup_s", "chunks_s", "snapshots_s", "chunks", "last_chunk_tokens", "last_chunk_s",
-                          "full_chunk_tokens", "full_chunk_s"}   # a whole chunk's, where the prompt had one
+    assert {"lookup_s", "chunks_s", "build_s", "snapshots_s", "chunks", "last_chunk_tokens", "last_chunk_s"} <= set(parts)
+    assert set(parts) <= {"lookup_s", "chunks_s", "build_s", "snapshots_s", "chunks", "last_chunk_tokens",
+                          "last_chunk_s", "full_chunk_tokens", "full_chunk_s"}   # a whole chunk's, where the prompt had one
     assert parts["chunks"] >= 1 and 0 < parts["last_chunk_s"] <= parts["chunks_s"]
+    assert 0 < parts["build_s"] <= parts["chunks_s"]   # the host's graph building, inside the chunks' time
     assert 1 <= parts["last_chunk_tokens"] <= again.model_extra["mtp"]["prefilled_tokens"]
     assert 0 < parts["lookup_s"] + parts["chunks_s"] + parts["snapshots_s"] <= ttft + 1e-3
 

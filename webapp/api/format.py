@@ -74,7 +74,7 @@ class Mtp(Shape):
     prefilled_tokens: Optional[int] = None
     waterfall: Dict[str, float] = {}              # where the time went (core/waterfall.py), in seconds
     compute_seconds: Optional[float] = None       # the lane's own time the waterfall adds up to
-    prefill_parts: Dict[str, float] = {}          # the prefill's lookup_s, chunks_s, snapshots_s, chunks, last_chunk_*, full_chunk_*
+    prefill_parts: Dict[str, float] = {}          # the prefill's lookup_s, chunks_s, build_s, snapshots_s, chunks, last_chunk_*, full_chunk_*
 
 
 def usage(prompt_tokens: int, stats: Optional[dict]) -> dict:
