@@ -315,12 +315,13 @@ def test_the_gpu_prefill_script_runs_with_the_stand_in(tmp_path, monkeypatch):
 
 def test_the_chunk_probe_takes_a_restored_chunk_apart(tmp_path):
     """scripts/gpu/gpu_chunk_probe.py on the demo model at a small depth: a snapshot at the mark,
-    then each size of new tokens restored, copied and through the engine, each part timed."""
+    then each size of new tokens restored, copied and through the engine, each part timed; the
+    overlap variants and the sizes by depth (small, for the CPU: the defaults are the H200's)."""
     from scripts.gpu import gpu_chunk_probe
 
     out = tmp_path / "probe.json"
     assert gpu_chunk_probe.main(["--model", "models/demo", "--depth", "100", "--tokens", "5", "40", "--repeats", "2",
-                                 "--json", str(out)]) == 0
+                                 "--overlap", "30", "--fresh-prefill", "60", "--depths", "0", "50", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["depth"] == 100 and set(report["sizes"]) == {"5", "40"}
     for row in report["sizes"].values():
@@ -329,3 +330,22 @@ def test_the_chunk_probe_takes_a_restored_chunk_apart(tmp_path):
         assert row["engine"][0]["parts"]["chunks"] == 1 and row["median_after_first"]["engine"] > 0
     assert [r["conv"] for r in report["first_use"].values()] == ["ours", "mlx_conv1d", "ours", "mlx_conv1d"]
     assert all(r["first_s"] > 0 and r["second_s"] > 0 for r in report["first_use"].values())
+    # whole prefills under the four overlap variants, and each size after each depth's snapshot
+    assert set(report["overlap"]) == {"30 after 100", "60 fresh"}
+    assert all(set(v) == {"pipeline+submit", "pipeline", "submit", "neither"} and all(x["median_s"] > 0 for x in v.values())
+               for v in report["overlap"].values())
+    assert set(report["by_depth"]) == {"0+5", "0+40", "50+5", "50+40"} and "cleared" not in report   # cleared: CUDA only
+
+
+def test_the_chunk_parts_script_times_a_chunk_and_its_kernel_classes(tmp_path):
+    """scripts/gpu/gpu_chunk_parts.py on the demo model (--stand-in: no CUDA classes): a chunk's
+    host build, encode and wait within its wall time, its primitives, and the classes' sum."""
+    from scripts.gpu import gpu_chunk_parts
+
+    out = tmp_path / "parts.json"
+    assert gpu_chunk_parts.main(["--model", "models/demo", "--tokens", "16", "--stand-in", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["sizes"]["16"]
+    c = row["chunk"]
+    assert 0 < c["build_ms"] <= c["wall_ms"] and c["encode_ms"] >= 0 and c["wait_ms"] >= 0
+    assert row["primitives"] == sum(row["kinds"].values()) > 0 and row["chunk_submitting"]["wall_ms"] > 0
+    assert {"rms_norm (hidden)", "swiglu (compiled)"} <= set(row["classes"]) and row["classes_sum_ms"] > 0
