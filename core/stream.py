@@ -216,7 +216,9 @@ def rehearse(adapter, snap: Snapshot, new: int = 64) -> int:
     Nothing of it stays: its caches and the one-snapshot prefix cache go. Returns the tokens run."""
     if snap.length < 1:
         return 0
-    filler = (snap.ids[-new:] * (new // max(1, min(new, snap.length)) + 1))[:new + SHORT_CHUNK]
+    # The snapshot's own last tokens again (never a picture's positions: their key ids are negative).
+    pool = [t for t in snap.ids[-4 * new:] if t >= 0] or [0]
+    filler = (pool * ((new + SHORT_CHUNK) // len(pool) + 1))[:new + SHORT_CHUNK]
     prompt = Prompt(tuple(snap.ids) + tuple(filler), (snap.length + new,))
     held = PrefixCache(1 << 62)
     held.store(snap)

@@ -20,6 +20,7 @@ import pytest
 from adapters import load_adapter
 from core import AutoregressiveDecoder, PrefixCache, SpeculativeDecoder, chat_prompt, history_prompt
 from core.disk_cache import TMP, DiskCache, model_identity
+from core.prefix_cache import Snapshot
 from core.stream import SHORT_CHUNK, cache_history, rehearse
 from tests._engine_helpers import GREEDY, MIXED, make_mixed_head
 from tests._ties import assert_greedy_equal
@@ -205,7 +206,7 @@ def test_a_budget_for_a_few_entries_keeps_the_newest(adapter, checkpoint, refere
     assert out[0][1] == len(history_prompt(adapter, msgs).ids) and said == []
 
 
-def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint, reference, tmp_path):
+def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint, reference, tmp_path, monkeypatch):
     """After a restart the app loads the most recently used entries that fit the in-memory
     budget before it serves (PrefixCache.preload), and rehearses a turn after the newest: the
     next turn then restores from memory, reads nothing from disk, and replies as the run that
@@ -227,6 +228,14 @@ def test_a_start_preloads_the_newest_entries_that_fit_memory(adapter, checkpoint
     assert newest.ids == by_use[0].ids and rehearse(adapter, newest) == 64 + SHORT_CHUNK
     assert set(pc._snaps) == {by_use[0].ids, by_use[1].ids} and (pc.hits, pc.misses) == (0, 0)
     assert all(np.array_equal(before[k], np.array(v)) for k, v in newest.state.arrays.items())
+    n = min(len(newest.ids) - 1, 200)
+    keyed = Snapshot(newest.ids[:-n] + tuple(-5 - i for i in range(n)), newest.state, newest.hidden)  # a picture's key ids
+    seen, forward = [], adapter.forward
+    monkeypatch.setattr(adapter, "forward", lambda tokens, cache, **kw: seen.extend(tokens.reshape(-1).tolist())
+                        or forward(tokens, cache, **kw))
+    assert rehearse(adapter, keyed) == 64 + SHORT_CHUNK and len(seen) == 64 + SHORT_CHUNK
+    assert min(seen) >= 0                                                        # which never go in as tokens
+    monkeypatch.undo()
     asked = msgs + [{"role": "user", "content": questions("mtp")[3]}]
     ids, stats = decoder(adapter, "mtp", pc).generate(chat_prompt(adapter, asked), max_tokens=MAX_TOKENS)
     assert_replies(adapter, reference, [o[0] for o in first] + [ids])
