@@ -14,6 +14,7 @@ chunks, which is bit for bit.
 import threading
 from collections import Counter
 
+import mlx.core as mx
 import pytest
 
 from adapters import load_adapter
@@ -223,3 +224,27 @@ def test_the_prompt_encoded_once_has_the_ids_and_marks_of_each_part_encoded(syst
     finally:
         ad.tokenizer._mtp_encodes_once = True
     assert once.ids == each.ids and once.marks == each.marks and len(once.marks) == (2 if system else 1)
+
+
+def test_overlapping_chunks_compute_what_chunks_one_after_another_do(adapter, monkeypatch):
+    """core.stream.PIPELINE (on by default on a GPU: the device runs a chunk while the host builds
+    the next) changes when chunks run, never what they compute: forced on here (the CPU's default
+    is off), a chunked prefill with a mark gives the same logits, hidden, caches and snapshot as
+    forced off, bit for bit."""
+    import core.stream
+    from core.stream import Prompt, prefill
+
+    monkeypatch.setattr(core.stream, "PREFILL_CHUNK", 64)
+    ids = tuple((i * 7) % 500 + 3 for i in range(300))
+    got = {}
+    for overlap in (True, False):
+        monkeypatch.setattr(core.stream, "PIPELINE", overlap)
+        pc = PrefixCache(2**30)
+        cache = adapter.make_cache()
+        draft = adapter.make_draft(cache)
+        done = prefill(adapter, Prompt(ids, (150,)), cache, draft, pc)
+        snap = pc.lookup(ids[:200])
+        got[overlap] = [done.logits, done.hidden, *adapter.state_arrays(cache, draft), *snap.state.arrays.values()]
+        assert done.parts["chunks"] == 6 and 0 < done.parts["build_s"] <= done.parts["chunks_s"] and snap.length == 150
+    flat = lambda xs: [a for x in xs for a in (x if isinstance(x, (list, tuple)) else [x]) if isinstance(a, mx.array)]  # noqa: E731
+    assert all(bool(mx.array_equal(a, b)) for a, b in zip(flat(got[True]), flat(got[False])))

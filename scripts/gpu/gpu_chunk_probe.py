@@ -141,7 +141,7 @@ def overlap(ad, pc, ids, depth: int, sizes: list, fresh_n: int, repeats: int) ->
                     builds[name][v].append(got["parts"].get("build_s", 0.0))
                 log(f"overlap repeat {r}, {name}: " + ", ".join(f"{v} {times[name][v][-1]:.3f} s" for v in variants))
     finally:
-        stream.PIPELINE = True
+        stream.PIPELINE = None
         if run is not None:
             run.submit_every = every
     out = {}
