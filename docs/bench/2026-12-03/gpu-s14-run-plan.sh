@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Fourteenth session's run, prepared in the thirteenth (GPU.md section 13), about 600 s:
-# 1. The agent session restarted, 4 turns: the start-up now rehearses a turn after the newest
-#    snapshot (core.stream.rehearse), so a restarted process's first long chunk should no longer
-#    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns, and warm again with the reply's
-#    history snapshot taken as soon as the model is idle (history_grace_s 0, against 1 s): with a
-#    one-chunk reply (~0.03 s) the next turn may then prefill only its new tokens; and warm with
-#    prefill chunks of 1024 tokens (MTP_CHAT_PREFILL_CHUNK): fewer chunks a turn, each faster a token.
-# 0. Where a long-path chunk's fixed ~0.02 s goes (gpu_chunk_parts.py: host build, encode, wait;
+# Fourteenth session's run, prepared in the thirteenth (GPU.md section 13), about 750 s:
+# 1. Where a long-path chunk's fixed ~0.02 s goes (gpu_chunk_parts.py: host build, encode, wait;
 #    each kernel class at T rows), issue 36.
-# 2. The 9B's exactness with the batched rollback, then the batch graph and 4 requests against 1
-#    (HybridAdapter.rollback_batch: ~150 fewer primitives an MTP cycle at B = 4, issue 32).
+# 2. The agent session restarted, 4 turns: the start-up now rehearses a turn after the newest
+#    snapshot (core.stream.rehearse), so a restarted process's first long chunk should no longer
+#    spend ~0.2 s more on the host (issue 36). Then warm, 6 turns; warm again with the reply's
+#    history snapshot taken as soon as the model is idle (history_grace_s 0, against 1 s: with a
+#    one-chunk reply, ~0.03 s, the next turn may prefill only its new tokens); and warm with
+#    prefill chunks of 1024 tokens (MTP_CHAT_PREFILL_CHUNK: fewer chunks a turn, each faster a
+#    token; its ratios divide by turn 1's 1024-token chunk rate).
+# 3. The 9B's exactness, then the batch graph and 4 requests against 1 (issue 32: the batched
+#    rollback and a greedy batch's decisions together, ~200 fewer primitives an MTP cycle at B = 4;
+#    bench_batch checks every reply against its reply alone).
 # Wheels in four calls: .whl/pa, .whl/web1, .whl/ptx (the mlx wheel and the PTX cache), then
 # .whl/p3 with this plan. Say lines hold no quotes or parentheses (bash).
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
