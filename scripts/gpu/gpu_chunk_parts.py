@@ -28,7 +28,6 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from mlx_lm.models.base import scaled_dot_product_attention  # noqa: E402
 
 from adapters import load_adapter  # noqa: E402
 from adapters.kernels import gdn  # noqa: E402
+from scripts.gpu.gpu_chunk_probe import _commit  # noqa: E402
 from scripts.gpu.gpu_step_parts import copies_for, layer_shapes, per_call  # noqa: E402
 
 _RECT = re.compile(r'\{ (\d+) \[label ="([^"]+)", shape=rectangle\]; \}')
@@ -193,14 +193,6 @@ def main(argv=None) -> int:
     Path(a.json).write_text(json.dumps(report, indent=1))
     print(f"wrote {a.json}", flush=True)
     return 0
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return ""
 
 
 if __name__ == "__main__":
