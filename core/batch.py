@@ -6,9 +6,10 @@ its own: its caches, sampler, PRNG stream, grammar and depth policy; the decisio
 them (sampling, acceptance, rollback) are the same code the lanes run alone (core/decoders.py),
 one sequence at a time, except where they are the same for every row: greedy sequences without
 a grammar take their argmax in one launch for the batch, and the adapter may roll every
-sequence back at once (`rollback_batch`), each row moved as its own rollback would. What the batch shares is the target's forward and the head's output
-projection (the adapter's `forward_batch` / `draft_batch`; core falls back to a loop over
-sequences for an adapter without them).
+sequence back at once (`rollback_batch`), each row moved as its own rollback would. What the
+batch shares is the target's forward and the head's output projection (the adapter's
+`forward_batch` / `draft_batch`; core falls back to a loop over sequences for an adapter
+without them).
 
 A sequence joins with its prefill run a chunk per step after the others' cycle (its first token
 comes out of the step that ends it), or whole at once; it leaves between two steps (finished,
