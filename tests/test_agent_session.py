@@ -180,3 +180,22 @@ def test_a_signal_to_the_script_ends_its_server_and_keeps_its_log(tmp_path, sig)
     if sig == "SIGTERM":
         assert "SIGTERM: stopping the server and exiting" in text and "the run failed (SIGTERM)" in text
         assert f"the server's log: {log}" in text and "  | " in text   # its last lines
+
+
+def test_each_turn_is_priced_against_its_new_tokens_at_turn_1s_whole_chunk_rate():
+    """agent_session.price: a later turn's time to first token against its new tokens at turn 1's
+    last whole chunk's rate (issue 36's <= 1.2x), against the tokens it did prefill (the previous
+    reply re-rendered too), and the client's (with the time before the model)."""
+    rows = [{"prefilled_tokens": 2048, "prefill_s": 0.5, "new_tokens": 2048, "ttft_s": 0.5, "start_s": 0.05,
+             "prefill_parts": {"full_chunk_tokens": 512, "full_chunk_s": 0.1}},
+            {"prefilled_tokens": 600, "prefill_s": 0.15, "new_tokens": 500, "ttft_s": 0.15, "start_s": 0.05,
+             "prefill_parts": {}}]
+    agent.price(rows)
+    later = rows[1]
+    assert later["ttft_over_new_prefill_at_depth"] == pytest.approx(0.15 / (500 * 0.1 / 512))
+    assert later["ttft_over_prefilled_at_depth"] == pytest.approx(0.15 / (600 * 0.1 / 512))
+    assert later["client_ttft_over_new_prefill_at_depth"] == pytest.approx(0.20 / (500 * 0.1 / 512))
+    assert later["ttft_over_new_prefill"] == pytest.approx(0.15 / (500 * 0.5 / 2048))
+    bare = [dict(r, prefill_parts={}) for r in rows[:1]] + [{k: v for k, v in rows[1].items() if "over" not in k}]
+    agent.price(bare)   # no whole chunk in turn 1: no rate at depth to price against
+    assert "ttft_over_new_prefill" in bare[1] and not any("at_depth" in k for k in bare[1])
