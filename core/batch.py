@@ -368,26 +368,29 @@ class Batch:
         # (each row's argmax is its own: the same tokens as each alone, fewer launches and reads).
         plain = B > 1 and all(s.greedy_plain() for s in seqs)
         # 1. Draft: each head catches up on its sequence's new positions, then runs recursively.
-        drafts, qs, draft_logits = [[] for _ in seqs], [[] for _ in seqs], []
+        drafts, qs, draft_logits = ([] if plain else [[] for _ in seqs]), [[] for _ in seqs], []
         masks = [[allowed_after(s.constraint)] for s in seqs]
         hs, ts = [s.feed_h for s in seqs], [s.feed_t[None] for s in seqs]
         for _ in range(depth):
             g, logits = draft_batch(ad, [s.draft for s in seqs], [s.cache for s in seqs], hs, ts)
             draft_logits.append(logits)
             hs = mx.split(g, B) if B > 1 else [g]
-            drawn = mx.split(mx.argmax(logits, axis=-1), B) if plain else \
-                [s.draw(logits[b:b + 1], masks[b]) for b, s in enumerate(seqs)]
-            for b, t in enumerate(drawn):
-                t, q = (t, None) if plain else t
+            if plain:   # one column of the batch's drafts [B]
+                drafts.append(mx.argmax(logits, axis=-1))
+                ts = mx.split(drafts[-1][:, None], B)
+                continue
+            for b, s in enumerate(seqs):
+                t, q = s.draw(logits[b:b + 1], masks[b])
                 drafts[b].append(t)
                 qs[b].append(q)
             ts = [d[-1][None] for d in drafts]
-        drafts = [mx.concatenate(d) for d in drafts]
-        mx.async_eval(drafts)   # the head computes while the verify graph is built (as the lane does)
+        drafts = drafts if plain else [mx.concatenate(d) for d in drafts]   # columns, or each sequence's
+        drafted = mx.stack(drafts, axis=1 if plain else 0)   # [B, D]
+        mx.async_eval(drafted)   # the head computes while the verify graph is built (as the lane does)
 
         # 2. Verify every sequence's [pending, d1..dD] in one target forward, keeping per-position state.
         tokens = mx.concatenate([mx.array([[s.pending] for s in seqs], dtype=mx.int32),
-                                 mx.stack(drafts).astype(mx.int32)], axis=1)
+                                 drafted.astype(mx.int32)], axis=1)
         logits, vh, captured = forward_batch(ad, tokens, [s.cache for s in seqs], capture=True)
 
         # 3. Accept: each sequence its own prefix; every outcome (and finiteness) read in one sync.
@@ -401,7 +404,8 @@ class Batch:
 
 
 def _accept(seqs, plain: bool, tokens, logits, draft_logits, drafts, qs, masks) -> list:
-    """Each sequence's (drafts, accepted flags, replacement(n), finite) for Sequence.verified:
+    """Each sequence's (drafts, accepted flags, replacement(n), finite) for Sequence.verified
+    (`drafts`: each sequence's [D], where not plain; the tokens' columns 1.. hold them too):
     computed on the device, then read after one sync. A plain greedy batch takes the target's
     argmax for every row at once (verify_drafts' greedy test: a draft is accepted iff it is the
     argmax; the correction, or the bonus after all, is the argmax at n) and reads each array
