@@ -65,13 +65,14 @@ def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) 
 
     Everything stays on the device; the caller reads the three results in one sync and
     keeps corrections[n] (n = accepted prefix length) or the bonus when all D passed.
+    Greedy, the test also takes a batch's rows at once: p [B, D+1, V], drafts [B, D].
     """
-    D = drafts.shape[0]
+    D = drafts.shape[-1]
     if greedy:
         # p and q are one-hot: accept iff the draft is p's argmax; the residual (or p
         # itself) is then one-hot at that argmax, so the replacement is the argmax too.
         best = mx.argmax(p, axis=-1)
-        return drafts == best[:D], best[:D], best[D:]
+        return drafts == best[..., :D], best[..., :D], best[..., D:]
     accepted = mx.random.uniform(shape=(D,), key=keys[0]) < acceptance_probability(p, q, drafts)
     c_idx, c = correction_distribution(p, q)
     corrections = _token(c_idx, categorical(c, keys[1]))

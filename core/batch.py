@@ -406,14 +406,14 @@ class Batch:
 def _accept(seqs, plain: bool, tokens, logits, draft_logits, drafts, qs, masks) -> list:
     """Each sequence's (drafts, accepted flags, replacement(n), finite) for Sequence.verified
     (`drafts`: each sequence's [D], where not plain; the tokens' columns 1.. hold them too):
-    computed on the device, then read after one sync. A plain greedy batch takes the target's
-    argmax for every row at once (verify_drafts' greedy test: a draft is accepted iff it is the
-    argmax; the correction, or the bonus after all, is the argmax at n) and reads each array
-    once for the batch; otherwise each sequence's test runs, and is read, as the lane's alone."""
+    computed on the device, then read after one sync. A plain greedy batch runs verify_drafts'
+    greedy test on every row at once (a draft is accepted iff it is the target's argmax; the
+    correction, or the bonus after all, is the argmax at n) and reads each array once for the
+    batch; otherwise each sequence's test runs, and is read, as the lane's alone."""
     depth = tokens.shape[1] - 1
     if plain:
-        best = mx.argmax(logits, axis=-1)
-        accepted = tokens[:, 1:] == best[:, :depth]
+        accepted, corrections, bonus = verify_drafts(logits, None, tokens[:, 1:], None, greedy=True)
+        best = mx.concatenate([corrections, bonus], axis=-1)   # the target's argmax at each position
         ok = mx.isfinite(logits.sum(axis=(1, 2))) & mx.isfinite(draft_logits.sum(axis=(0, 2)))
         mx.eval(accepted, best, tokens, ok)
         rows = zip(tokens.tolist(), accepted.tolist(), best.tolist(), ok.tolist())
