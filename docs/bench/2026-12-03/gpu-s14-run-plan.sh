@@ -15,6 +15,10 @@
 # Wheels in four calls: .whl/pa, .whl/web1, .whl/ptx (the mlx wheel and the PTX cache), then
 # .whl/p3 with this plan. Say lines hold no quotes or parentheses (bash).
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
+# The fourteenth session's checkout came without .whl/ptx/ptx.tgz: this machine compiles MLX's
+# kernels afresh (~300 s), once, here, so that no later step's limit pays for it.
+say warm-up on a fresh machine without a PTX cache
+T "$PY scripts/bench/bench.py --model $C --depth 2 --max-tokens 16 --repeats 1 2>&1 | grep -v 'regex pattern' | tail -n 3" 540
 say where a prefill chunk spends its time
 T "$PY scripts/gpu/gpu_chunk_parts.py --model $C --tokens 64 512 --json $O/chunk_parts.json 2>&1 | grep -v 'regex pattern' | tail -n 24" 240
 say agent restart, 4 turns
