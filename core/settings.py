@@ -62,9 +62,10 @@ class Settings(BaseSettings):
     disk_cache_ttl_hours: float = Field(168.0, ge=0)
     # After a reply the app snapshots the conversation, reply included, in idle time (the next
     # turn then prefills only its new message), once this many seconds have passed without a
-    # request: an agent whose next request comes sooner prefills the reply with it instead of
-    # waiting for the snapshot (webapp/serving/model.py, remember).
-    history_grace_s: float = Field(1.0, ge=0)
+    # request. A request that comes while it runs starts from it; one that comes before it started
+    # prefills the reply itself (webapp/serving/history.py). 0: at once, so that an agent's tool
+    # call and the reply's prefill overlap.
+    history_grace_s: float = Field(0.0, ge=0)
     # A long prompt goes through the trunk this many tokens at a time (core/stream.py). Larger chunks
     # prefill faster and hold more memory while they run (H200, 9B shape, 8k tokens: 5,821 tok/s and
     # 8.8 GB peak at 512; 6,607 tok/s and 12.4 GB at 1024: docs/bench/2026-12-02/gpu-s4-prefill-9b.json).

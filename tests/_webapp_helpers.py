@@ -43,8 +43,8 @@ def make_host(model_dir: Path, **overrides):
     from core.settings import get_settings
     from webapp.serving.model import ModelHost
 
-    # A reply's conversation snapshot as soon as the model is idle (the app waits a grace of 1 s):
-    # one test's snapshot does not land in the middle of the next test's reply (its timings).
+    # A reply's conversation snapshot as soon as the model is idle (the app's default too), so
+    # that one test's snapshot does not land in the middle of the next test's reply (its timings).
     # tests/test_api_agents.py sets the grace itself where the grace is what it tests.
     overrides.setdefault("history_grace_s", 0.0)
     settings = get_settings(model=model_dir, **overrides)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -238,3 +239,66 @@ def test_an_agent_that_comes_back_at_once_prefills_the_reply_instead_of_waiting(
     host.histories.grace = 0.0
     host.histories.now()
     assert host.histories.wait(30)
+
+
+def test_an_agent_that_comes_back_while_the_reply_is_snapshotted_starts_from_the_snapshot(server, monkeypatch):
+    """The next call comes while the last reply's snapshot is under way (held here on the model
+    thread until the call has come): the snapshot is not stopped, the call waits for it on
+    the model thread, and it prefills only what it adds (the tool's result and the generation
+    prompt), as a paced client's call does. Stopping it lost the chunks already run (the agent
+    session on the H200, docs/bench/2026-12-03/GPU.md section 14)."""
+    import threading
+
+    import core.stream
+
+    url, host = server
+    assert host.histories.wait(30)
+    host.histories.grace = 0.0
+    host.prefix_cache.clear()
+    started, go, real = threading.Event(), threading.Event(), core.stream.history_steps
+
+    def held(*args, **kwargs):
+        started.set()
+        assert go.wait(30)
+        return (yield from real(*args, **kwargs))
+
+    monkeypatch.setattr(core.stream, "history_steps", held)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
+    force = {"type": "function", "function": {"name": "get_weather"}}
+    ask = ASK + " (while it snapshots)"
+    conv, messages = Conversation(host, ask, paced=True), [{"role": "user", "content": ask}]
+    for k in range(2):
+        if k:
+            assert started.wait(30)           # the first reply's snapshot is under way, and held
+            answer = {}
+            ask_next = threading.Thread(target=lambda: answer.setdefault("r", client.chat.completions.create(
+                model=MODEL, messages=messages, tools=WEATHER, tool_choice=force, temperature=0, max_tokens=64,
+                extra_body={"enable_thinking": False})))
+            ask_next.start()
+            deadline = time.monotonic() + 30
+            while not host.histories.pending[0].running or not _has_asked(host, deadline):
+                time.sleep(0.01)
+            with host.histories.lock:
+                assert [p.stop.is_set() for p in host.histories.pending] == [False]   # not dropped
+            go.set()
+            ask_next.join(60)
+            r = answer["r"]
+        else:
+            r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
+                                               temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
+        conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])   # turn 2: only the result and the prompt's end
+        call = r.choices[0].message.tool_calls[0]
+        conv.call(json.loads(call.function.arguments))
+        conv.result(f"sunny {k}")
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+    assert conv.checked == 2
+    go.set()
+    assert host.histories.wait(30)
+
+
+def _has_asked(host, deadline: float) -> bool:
+    """Has a request passed drop_within (the pending snapshot was looked at)? The worker has a
+    call queued behind the held snapshot then."""
+    assert time.monotonic() < deadline, "the second call never reached the model thread"
+    return not host.worker._jobs.empty()

@@ -3,10 +3,13 @@
 After a reply the app snapshots the conversation, reply included, as the next turn's prompt will
 begin (core.stream.history_steps): the next turn then prefills only its new message. That takes a
 prefill of the reply, so it waits: `grace` seconds without a request, then the model's idle time
-(no call waiting, no reply streaming). A request that begins with a waiting conversation drops it
-and prefills the reply with its own new tokens: an agent's next call used to wait for the
-snapshot (0.4-0.6 s a turn at 21k tokens on the H200, docs/bench/2026-12-03/GPU.md section 11),
-which saved it nothing. A person's next message still finds it.
+(no call waiting, no reply streaming). A request that begins with a conversation whose snapshot
+has not started drops it and prefills the reply with its own new tokens. One that is under way
+goes on: the request queues behind it on the model thread and starts from it, so the reply's
+prefill runs while the client is busy (an agent's tool, a person typing) instead of in the next
+turn's time to first token. Stopping it at its next chunk instead lost the chunks already run (an
+agent's next call comes ~0.1 s after the reply: docs/bench/2026-12-03/GPU.md section 14). (In
+section 11 waiting for it saved nothing: a chunk then cost ~0.2 s more at each new length.)
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class Pending:
     stop: threading.Event = field(default_factory=_Stop)
     timer: Optional[threading.Timer] = None
     queued: bool = False
+    running: bool = False   # on the model thread now: a request that begins with it waits for it
 
 
 class HistorySnapshots:
@@ -71,15 +75,16 @@ class HistorySnapshots:
             self._queue(pending)
 
     def drop_within(self, prompt_ids) -> None:
-        """A request about to prefill: the waiting snapshots of conversations it begins with are
-        dropped (it prefills through them anyway, and snapshots at its own marks)."""
+        """A request about to prefill: the snapshots of conversations it begins with that have not
+        started are dropped (it prefills through them anyway, and snapshots at its own marks); one
+        under way finishes first, and the request starts from it."""
         if not self.pending:   # every request passes here: nothing to copy when nothing waits
             return
         ids = tuple(getattr(prompt_ids, "ids", prompt_ids))
         with self.lock:
             for pending in self.pending:
                 theirs = tuple(pending.history.ids)
-                if len(theirs) <= len(ids) and ids[:len(theirs)] == theirs:
+                if not pending.running and len(theirs) <= len(ids) and ids[:len(theirs)] == theirs:
                     pending.stop.set()
 
     def now(self) -> None:
@@ -130,7 +135,9 @@ class HistorySnapshots:
 
         try:
             with self._taking:
-                if not pending.stop.is_set():
+                with self.lock:   # from here a request that begins with it waits for it (drop_within)
+                    pending.running = not pending.stop.is_set()
+                if pending.running:
                     run_through(history_steps(self.adapter, pending.history, self.prefix_cache, pending.stop))
         except PrefillStopped:
             pass

@@ -82,7 +82,7 @@ class ModelHost:
                                        max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
         # Conversations' snapshots after their replies (webapp/serving/history.py).
         self.histories = HistorySnapshots(adapter, self.prefix_cache, self.worker,
-                                          float(getattr(settings, "history_grace_s", 1.0)))
+                                          float(getattr(settings, "history_grace_s", 0.0)))
 
     @property
     def exactness(self) -> str:
