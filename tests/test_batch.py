@@ -406,17 +406,18 @@ def test_a_batch_of_greedy_sequences_samples_once_for_all(mixed_adapter, monkeyp
     assert calls["greedy_rows_or_flag"] >= 8 and calls["sample_or_flag"] <= len(prompts) * 2
 
 
-def test_a_batch_rolls_back_together_as_each_sequence_alone(bf16_adapter):
-    """rollback_batch (the kept rows of every Gated-DeltaNet layer gathered once for the batch)
-    leaves each sequence's caches bit for bit as `rollback` one at a time does, at mixed keeps
-    (1, all 3, 2 of 3 verified positions), keeps the batch's rows stacked for its next step (no
-    concatenation), and the next verify computes the same; all kept, nothing moves."""
+@pytest.mark.parametrize("keeps", [[1, 3, 2], [2, 2, 2], [1, 1, 1]])
+def test_a_batch_rolls_back_together_as_each_sequence_alone(bf16_adapter, keeps):
+    """rollback_batch (the kept rows of every Gated-DeltaNet layer gathered once for the batch,
+    or sliced where every row keeps as many) leaves each sequence's caches bit for bit as
+    `rollback` one at a time does, at mixed keeps (1, all 3, 2 of 3 verified positions) and at
+    one keep for all, keeps the batch's rows stacked for its next step (no concatenation), and
+    the next verify computes the same; all kept, nothing moves."""
     from adapters.qwen3_5 import layers
 
     ad = bf16_adapter
     prompts = [[5, 9, 13, 21, 34], [100, 7, 300], [3, 8, 2, 11]]
     verify = mx.array([[40, 41, 42], [50, 51, 52], [60, 61, 62]])
-    keeps = [1, 3, 2]
 
     def verified():
         caches = [ad.make_cache() for _ in prompts]

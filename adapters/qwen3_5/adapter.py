@@ -204,8 +204,10 @@ class HybridAdapter:
         Gated-DeltaNet layer the batch's kept rows are taken in one gather (the conv windows) and
         one select a dropped position (the states), split once and left stacked for the next
         step (layers.keep_stacked), where a sequence at a time took a slice and a copy each: the
-        host's primitives a cycle grew with B (scripts/bench/batch_graph.py). The values are the
-        rows `rollback` takes, moved, never computed."""
+        host's primitives a cycle grew with B (scripts/bench/batch_graph.py). Where every row keeps
+        as many positions (about half the cycles at Qwythos's acceptance at depth 2, and whenever
+        all drafts are rejected), a slice and a reference, as `rollback` takes them. The values are
+        the rows `rollback` takes, moved, never computed."""
         batch = captured[0].batch if captured and captured[0] is not None else None
         if batch is None or len(caches) < 2 or any(c is None or c.batch is not batch for c in captured):
             for cache, cap, keep in zip(caches, captured, keeps):
@@ -216,9 +218,11 @@ class HybridAdapter:
             for cap in captured:
                 cap.clear()
             return
+        same = keeps[0] if len(set(keeps)) == 1 else None   # every row keeps as many: slices, as alone
         kept = mx.array(keeps, dtype=mx.int32)
-        at = {t: (kept == t + 1).reshape(-1, 1, 1, 1) for t in range(W - 1)}   # rows whose state is position t's
-        windows = {}
+        # The rows' selections are built once a cycle, broadcast to each shape the layers share (the
+        # 9B's layers all share one), so that a layer's gather and selects add no broadcasts of them.
+        windows, at = {}, {}
         for i in range(len(caches[0])):
             cs = [cache[i] for cache in caches]
             if i not in batch:
@@ -228,12 +232,20 @@ class HybridAdapter:
                 continue
             conv_input, states = batch[i]
             n_keep = conv_input.shape[1] - W
-            if n_keep not in windows:
-                windows[n_keep] = (kept[:, None] + mx.arange(n_keep, dtype=mx.int32)[None])[..., None]
-            conv = mx.take_along_axis(conv_input, windows[n_keep], axis=1)
-            state = states[W - 1]
-            for t in range(W - 2, -1, -1):
-                state = mx.where(at[t], states[t], state)
+            if same is not None:
+                conv, state = mx.contiguous(conv_input[:, same:same + n_keep]), states[same - 1]
+            else:
+                shape = (conv_input.shape[0], n_keep, conv_input.shape[2])
+                if shape not in windows:
+                    windows[shape] = mx.broadcast_to(
+                        (kept[:, None] + mx.arange(n_keep, dtype=mx.int32)[None])[..., None], shape)
+                if states[0].shape not in at:   # per dropped position: the rows whose state is position t's
+                    at[states[0].shape] = [mx.broadcast_to((kept == t + 1).reshape(-1, 1, 1, 1), states[0].shape)
+                                           for t in range(W - 1)]
+                conv = mx.take_along_axis(conv_input, windows[shape], axis=1)
+                state = states[W - 1]
+                for t in range(W - 2, -1, -1):
+                    state = mx.where(at[states[0].shape][t], states[t], state)
             for c, row_conv, row_state in zip(cs, layers.rows(conv), layers.rows(state)):
                 c[0], c[1] = row_conv, row_state
             layers.keep_stacked(cs, (conv, state))
