@@ -17,7 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles",)
 
@@ -84,7 +84,9 @@ class Settings(BaseSettings):
     gpu_fused: Optional[bool] = None
     # CUDA kernel changes that lost to the defaults when paired on an H200 (2026-12-02: GPU.md
     # section 8), kept for other GPUs to measure: a comma list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
-    # the rest), "swiglu" (the MLP's activation read inside down_proj). Each keeps every row's bits
+    # the rest), "swiglu" (the MLP's activation read inside down_proj), "verify-submit" (the same
+    # as "submit" for a verify's forward alone, where the device waits for it after the cycle's
+    # sync; the AR step, queued while the one before runs, keeps one submit). Each keeps every row's bits
     # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
     # docs/bench/2026-12-03/GPU.md.)

@@ -331,17 +331,20 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     # a cache of its own for this test (the fake check's verdict must not outlive it)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lru_cache(maxsize=None)(kernels._two_tiles_verdict.__wrapped__))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
-    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, False, True) and checked == [1]
-    assert "8 rows a launch" not in b.note and "trials" not in b.note
+    assert (b.few.submit_every, b.few.submit_verify_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, 0, False, True)
+    assert checked == [1] and "8 rows a launch" not in b.note and "trials" not in b.note
     trials = LoadOptions.from_settings(Settings(gpu_trials=" swiglu, two-tiles,submit")).gpu_trials
     assert trials == {"submit", "swiglu"}
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials)
-    assert (b.few.submit_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (8, True, True) and checked == [1]
-    assert "trials on: submit, swiglu" in b.note and "8 rows a launch" not in b.note
+    assert (b.few.submit_every, b.few.submit_verify_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (8, 0, True, True)
+    assert checked == [1] and "trials on: submit, swiglu" in b.note and "8 rows a launch" not in b.note
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True,
+                        trials=LoadOptions.from_settings(Settings(gpu_trials="verify-submit")).gpu_trials)
+    assert (b.few.submit_every, b.few.submit_verify_every) == (0, 8) and "trials on: verify-submit" in b.note
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -562,6 +565,14 @@ def test_the_cuda_runner_with_stand_in_kernels_keeps_greedy_mtp_equal_to_ar(tiny
     assert AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=20)[0] == ar
     assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate(ids, max_tokens=20)[0] == ar
     assert len(submitted) > 40
+    # "verify-submit": a verify's layers handed every layer, an AR step's once: the same tokens
+    early.submit_every, early.submit_verify_every = 0, 1
+    submitted.clear()
+    assert AutoregressiveDecoder(ad, sampler=greedy).generate(ids, max_tokens=20)[0] == ar
+    plain = len(submitted)
+    assert SpeculativeDecoder(ad, sampler=greedy, depth=2).generate(ids, max_tokens=20)[0] == ar
+    assert len(submitted) - plain > 40 and plain < 40
+    early.submit_every = 1
     logits = []
     for runner in (early, few):
         ad.backend = backends.Backend("stand-in", runner, backends.MlxOps())
