@@ -11,6 +11,14 @@ mkdir -p /tmp/parts /tmp/site/.installed
 for d in "$@"; do cp "$d"/*.whl "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
 # A PTX cache packed on an earlier machine of the same GPU (ptx.tgz of ~/.cache/mtp-chat/ptx):
 # MLX then loads the kernels it compiled there instead of compiling them again (~300 s a start).
+# The repository keeps one too (scripts/gpu/ptx/, packed from a run's ptx.tgz: a fresh machine's
+# warm-up compiled for 339 s without it, 2026-12-03), unpacked once a machine, before any carried one.
+if ! [ -f ~/.cache/mtp-chat/.ptx-unpacked ]; then
+  for f in scripts/gpu/ptx/*.tar.xz; do
+    [ -f "$f" ] && mkdir -p ~/.cache/mtp-chat && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/mtp-chat \
+      && touch ~/.cache/mtp-chat/.ptx-unpacked && echo "gpu_env: $f unpacked"
+  done
+fi
 for d in "$@"; do
   [ -f "$d/ptx.tgz" ] && mkdir -p ~/.cache/mtp-chat && tar xzf "$d/ptx.tgz" -C ~/.cache/mtp-chat \
     && echo "gpu_env: PTX cache unpacked ($(find ~/.cache/mtp-chat/ptx -type f | wc -l) files)"
@@ -36,6 +44,6 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 LD_LIBRARY_PATH=$(python3 -c "import glob, os, nvidia; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'lib')))))"):${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())" 2>&1 | tail -n 1
-# The engine's settings import pydantic, which only the web stack's folder (.whl/web1) brings: say so
+# The engine's settings import pydantic, which the web stack's wheels bring (scripts/gpu/carry_wheels.sh): say so
 # before a stage fails at import (2026-12-02: a whole run's stages did).
-python3 -c "import pydantic_settings" 2>/dev/null || echo "gpu_env: pydantic-settings missing: carry .whl/web1 (the engine needs it for every stage)"
+python3 -c "import pydantic_settings" 2>/dev/null || echo "gpu_env: pydantic-settings missing: carry every .whl/cN (the engine needs it for every stage)"

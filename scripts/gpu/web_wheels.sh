@@ -2,7 +2,7 @@
 # The wheels the GPU machine needs, beyond its image and MLX's own two, to serve the app
 # (`python -m webapp`, driven by the anthropic client in the `agent` stage of gpu_bench.sh):
 #
-#   bash scripts/gpu/web_wheels.sh DEST        # e.g. .whl/web1: 31 wheels, 43.8 MB, one call's carry
+#   bash scripts/gpu/web_wheels.sh DEST        # 31 wheels, 43.8 MB (carry_wheels.sh spreads them over four calls)
 #
 # CPython 3.12, manylinux x86_64, at the versions of the project's venv. Left out because the
 # image has them (docs/gpu.md, "Running on the GPU machine"): httpx, httpcore, h11, anyio, idna,
