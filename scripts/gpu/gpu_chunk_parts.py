@@ -13,7 +13,9 @@ each of its chunks. For each size T, at depth 0 (a fresh cache each time):
    long runner's layers handed over only at the end: `build_ms` (the host's graph, Python),
    `encode_ms` (the host inside mx.async_eval: MLX encodes every kernel there), `wait_ms` (what is
    left until the device is done), their sum `wall_ms`; `wall_submit_ms` the same chunk with the
-   runner's own submit_every (the default); its primitives by kind;
+   runner's own submit_every (the default); its primitives by kind; `first`: the same parts of
+   the length's first chunk in the process (a turn's remainder chunk is a length never run before:
+   on the H200 it cost ~20 ms more, section 14 of GPU.md; which part is it?);
 2. each kernel class the chunk launches, timed inside one evaluated graph of many independent
    calls at the checkpoint's shapes and T rows (as scripts/gpu/gpu_step_parts.py does for a
    decode step): MLX's quantized matmul for every linear of the chunk, the recurrence kernel,
@@ -72,7 +74,9 @@ def chunk(ad, T: int, submit_every, reps: int = 5) -> dict:
                          "wall_ms": (t3 - t0) * 1e3})
     finally:
         run.submit_every = every
-    return {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
+    out = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
+    out["first"] = rows[0]   # this length's first chunk in the process (when nothing ran it before)
+    return out
 
 
 def _tokens(ad, T: int) -> mx.array:
@@ -182,10 +186,11 @@ def main(argv=None) -> int:
         classes = class_times(ad, T, a.stand_in)
         row["classes"] = {k: {"us_per_call": us, "calls": n, "ms_per_chunk": us * n / 1e3} for k, (us, n) in classes.items()}
         row["classes_sum_ms"] = sum(c["ms_per_chunk"] for c in row["classes"].values())
-        c = row["chunk"]
+        c, f = row["chunk"], row["chunk"]["first"]
         print(f"T={T}: build {c['build_ms']:.2f} ms, encode {c['encode_ms']:.2f}, wait {c['wait_ms']:.2f}, wall "
               f"{c['wall_ms']:.2f} (submitting every {getattr(ad.backend.long, 'submit_every', 0)}: "
-              f"{row['chunk_submitting']['wall_ms']:.2f}); {row['primitives']} primitives; kernel classes "
+              f"{row['chunk_submitting']['wall_ms']:.2f}); first use {f['build_ms']:.2f} / {f['encode_ms']:.2f} / "
+              f"{f['wait_ms']:.2f} = {f['wall_ms']:.2f} ms; {row['primitives']} primitives; kernel classes "
               f"{row['classes_sum_ms']:.2f} ms", flush=True)
         for k, v in sorted(row["classes"].items(), key=lambda kv: -kv[1]["ms_per_chunk"]):
             print(f"    {k}: {v['us_per_call']:.1f} us x {v['calls']} = {v['ms_per_chunk']:.2f} ms", flush=True)

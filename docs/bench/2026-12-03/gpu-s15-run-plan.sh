@@ -8,7 +8,8 @@
 #    Then the one-request lanes, bench.py at depth 2, both ways (the trial took MTP d2 +10 % when
 #    submit covered every forward, 2026-12-02 section 8).
 # 3. Issue 36, the agent session warm: the history snapshot now starts at once (grace 0) and a
-#    call that comes while it runs waits for it and starts from it.
+#    call that comes while it runs waits for it and starts from it. Then where a turn's new chunk
+#    length costs ~20 ms more on first use (gpu_chunk_parts.py: its build, encode and wait).
 # Wheels in four calls: .whl/c1 .. .whl/c4 (scripts/gpu/carry_wheels.sh); the PTX cache comes
 # from the repository (scripts/gpu/ptx/). Say lines hold no quotes or parentheses (bash).
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
@@ -30,5 +31,7 @@ T "$PY scripts/bench/bench.py --model $C --depth 2 --max-tokens 128 --repeats 3 
 T "MTP_CHAT_GPU_TRIALS=verify-submit $PY scripts/bench/bench.py --model $C --depth 2 --max-tokens 128 --repeats 3 --no-mlx-lm --json $O/bench_d2_vsubmit.json 2>&1 | grep -v 'regex pattern' | tail -n 4" 180
 say agent warm, the history snapshot at once
 T "$PY scripts/bench/agent_session.py --model $C --system-tokens 20000 --result-tokens 200 2000 800 1500 400 --runs warm --json $O/agent_warm_9b.json 2>&1 | grep -v 'regex pattern' | grep -E 'turn [0-9]:|done|failed'" 300
+say a new chunk length, first use against later ones
+T "$PY scripts/gpu/gpu_chunk_parts.py --model $C --tokens 470 229 512 --json $O/chunk_parts.json 2>&1 | grep -E '^T=|wrote'" 180
 tar czf $O/ptx.tgz -C /root/.cache/mtp-chat ptx && ls -la $O/ptx.tgz
 say all done
