@@ -180,3 +180,34 @@ def test_training_ids_are_the_ids_the_app_makes(tmp_path):
         assert after.encode(t, add_special_tokens=False).ids == app.encode(t, add_special_tokens=False), t
     assert after.get_vocab() == before.get_vocab()
     assert transformers.AutoTokenizer.from_pretrained(str(tok_dir)).encode(texts[0]) == app.encode(texts[0])
+
+
+def test_fact_notes_state_every_fact_in_its_own_words_and_ask_nothing():
+    """(f) The notes state each fact (a held-out subject's too: the judge's questions are never
+    asked or answered, the facts are read as statements), several ways for a common subject, never
+    as a question; skipped subjects (the tool evaluation's words) appear in none; the same seed
+    gives the same notes."""
+    capitals = [("Spain", "Madrid", "the capital of Spain"), ("Peru", "Lima", "the capital of Peru"),
+                ("France", "Paris", "the capital of France")]
+    opposites = [("early", "late", 40), ("light", "dark", 1)]
+    nouns = [("harbor", "a", "port", "a sheltered port", "sheltered port", None, 25),
+             ("lantern", "a", "lamp", "a light with a transparent case", "light", None, 1),
+             ("box", "a", "container", None, "", None, 5)]
+    skip = lambda w: w in {"paris", "lantern"}  # noqa: E731
+
+    def made(seed):
+        rng = random.Random(seed)
+        return V3.notes(rng, V3.fact_lines(rng, capitals, opposites, nouns, skip), per_note=(2, 3))
+
+    notes = made(1)
+    text = " ".join(n["text"] for n in notes)
+    assert "?" not in text and made(1) == notes and made(2) != notes
+    assert {n["kind"] for n in notes} == {"note_capital", "note_opposite", "note_kind", "note_definition"}
+    assert not re.search(r"\b(paris|lantern)\b", text.lower())
+    lines = [s for n in notes for s in re.split(r"(?<=\.) ", n["text"].split("\n")[-1])]
+    assert sum("Madrid" in s for s in lines) == 3 and sum("Lima" in s for s in lines) == 3
+    assert sum("harbor" in s.lower() and "port" in s for s in lines) == 6   # common: 3 kinds, 3 definitions
+    assert sum("light" in s for s in lines) == 1 and sum("early" in s.lower() for s in lines) == 3
+    assert sum("container" in s for s in lines) == 2 and not any("box" in s.lower() and "means" in s for s in lines)
+    # the facts the held-out questions ask about are stated (Madrid's three times, above), the questions are not
+    assert all(q not in text for q in ("What is the capital of Spain?", "Define harbor."))

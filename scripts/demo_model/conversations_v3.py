@@ -15,12 +15,15 @@ Documents (docs.jsonl, the format tokenizer.encode_corpus reads):
   long     conversations of 1.5-4k tokens (a quarter with a pasted passage), so that the 4,096-token
            windows stay filled with whole conversations as in v2
   prose    v2's plain documents (Python tutorial, Jane Austen)
+  note_*   (f) plain notes stating the short answers' facts in several phrasings, no questions
+           (everyday_v3.fact_notes), for every subject but the tool evaluation's words and v2's
+           held-out topics: the judge's held-out subjects' facts too, as statements only
 Thinking (d): the last reply of a document has a short thought (everyday_v3.thought: the subject
 named in a few words) in THINK_FRAC of the documents, an empty think block otherwise.
 
-Held out: the judge's 75 questions (heldout_everyday.Exclusion on every exchange, v2's included)
-and everything v2 held out (conversations.held_out: the everyday and race prompts' subjects, the
-tool evaluation's words).
+Held out: the judge's 75 questions (heldout_everyday.Exclusion on every exchange, v2's included;
+their facts are stated in notes, never asked or answered) and everything v2 held out
+(conversations.held_out: the everyday and race prompts' subjects, the tool evaluation's words).
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ def _v2_exchanges(rng, exclude):
     return items, prose, wn, removed, tool_words
 
 
-def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
+def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=True):
     rng = random.Random(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +165,13 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0):
         if last is None or len(msgs) < 2:
             break
         emit("long", msgs, None, rng.random() < THINK_FRAC, last)
+    if notes:   # (f), from a stream of their own: the documents above hold what they held without them
+        skip = lambda w: w in tool_words or w in C.HELDOUT_TOPICS  # noqa: E731
+        for n in V3.fact_notes(random.Random(seed + 1), *H._wordnet(), skip):
+            docs.append({"kind": n["kind"], "text": n["text"], "spans": [[0, len(n["text"])]]})
+            if shown[n["kind"]] < examples:
+                shown[n["kind"]] += 1
+                print(f"--- {n['kind']} example {shown[n['kind']]}\n{n['text']}\n", flush=True)
     C.write_corpus(out, docs, prose, eval_set, wn, tool_words, rng)
     unused = sum(1 for _ in q3), sum(1 for _ in q2)
     chars = Counter()

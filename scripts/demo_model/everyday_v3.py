@@ -65,14 +65,18 @@ def _freq_copies(freq, lo=1, hi=3):
     return hi if freq >= 20 else lo + 1 if freq >= 3 else lo
 
 
-def capitals(rng, syn, idx, exclude, copies=4):
+def _capital_facts(syn, idx):
+    """(country, city, the city's gloss) for WordNet's national capitals."""
     nc = idx[("national_capital", "n")]["synsets"][0]
-    out = []
     for key, s, named, names in H.national_capitals(syn, nc):
         info = idx.get((named.removeprefix("the ").replace(" ", "_").lower(), "n"))
         ck = next((k for k in (info or {}).get("synsets", []) if H._is_country(syn, k)), None)
-        country = _w(syn[ck]["words"][0]) if ck else named
-        city = names[0]
+        yield (_w(syn[ck]["words"][0]) if ck else named), names[0], s["def"]
+
+
+def capitals(rng, syn, idx, exclude, copies=4):
+    out = []
+    for country, city, city_def in _capital_facts(syn, idx):
         for q in rng.sample(CAP_Q, copies):
             ans = f"The capital of {country} is {city}."
             out.append({"kind": "v3_capital", "messages": [q.format(c=country), ans], "subject": country})
@@ -80,7 +84,7 @@ def capitals(rng, syn, idx, exclude, copies=4):
         out.append({"kind": "v3_capital", "messages": [q, f"{city} is the capital of {country}."], "subject": country})
         # the city's own gloss, asked about the city ("Where is Lusaka?"): the fact in the corpora's
         # form, kept for the held-out capitals too (the judge asks the other way round)
-        gloss = re.sub(r"\s+", " ", s["def"].split(";")[0]).strip()
+        gloss = re.sub(r"\s+", " ", city_def.split(";")[0]).strip()
         gloss = gloss if re.match(r"(a|an|the) ", gloss) else "the " + gloss
         out.append({"kind": "v3_place", "subject": city,
                     "messages": [rng.choice(["Where is {n}?", "What is {n}?", "Tell me about {n}."]).format(n=city),
@@ -88,46 +92,60 @@ def capitals(rng, syn, idx, exclude, copies=4):
     return [d for d in out if not exclude(d)]
 
 
-def opposites(rng, syn, idx, exclude):
-    freq, out = H.frequency(), []
+def _opposite_facts(syn, idx):
+    """(word, its first antonym, how often running text uses it) for WordNet's antonym pointers."""
+    freq = H.frequency()
     for (lemma, t), info in sorted(idx.items()):
         w = _w(lemma)
         if t not in ("a", "n", "v", "r") or not re.fullmatch(r"[a-z][a-z-]{2,15}", w):
             continue
         ants = H._antonyms(syn, info, lemma)
-        if not ants:
-            continue
-        n = _freq_copies(freq.get((lemma, t), 0))
+        if ants:
+            yield w, ants[0], freq.get((lemma, t), 0)
+
+
+def opposites(rng, syn, idx, exclude):
+    out = []
+    for w, a, f in _opposite_facts(syn, idx):
+        n = _freq_copies(f)
         for q in rng.sample(OPP_Q, n):
-            a = ants[0]
             ans = rng.choice([f'The opposite of "{w}" is "{a}".', f"The opposite of {w} is {a}."])
             out.append({"kind": "v3_opposite", "word": w, "messages": [q.format(w=w), ans]})
     return [d for d in out if not exclude(d)]
 
 
-def kinds_and_definitions(rng, syn, idx, exclude):
-    freq, kinds, defs = H.frequency(), [], []
+def _noun_facts(syn, idx):
+    """(word, its article, its first hypernym or None, its gloss as a noun phrase or None, the
+    gloss, an example sentence with the word or None, how often running text uses it) for the
+    nouns of running text: ~10k of WordNet's 117k."""
+    freq = H.frequency()
     for (lemma, t), info in sorted(idx.items()):
         w = _w(lemma)
         if t != "n" or not re.fullmatch(r"[a-z][a-z -]{2,20}", w):
             continue
         f = freq.get((lemma, t), 0)
-        if f < 1:  # the nouns of running text: ~10k of WordNet's 117k
+        if f < 1:
             continue
         s = syn[info["synsets"][0]]
-        a = _article(w)
-        fmt = {"w": w, "a": a, "A": a.capitalize()}
         h = [p for p in s["ptrs"] if p[0] == "@"]
-        if h:
-            hyper = _w(syn[(h[0][1], "n")]["words"][0])
+        hyper = _w(syn[(h[0][1], "n")]["words"][0]) if h else None
+        gloss = H.re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
+        np_ = None if not gloss else gloss if re.match(r"(a|an|the|any|one|some)\b", gloss) \
+            else f"{_article(gloss)} {gloss}"
+        ex = next((e for e in s["ex"] if w.split()[0] in e.lower()), None)
+        yield w, _article(w), hyper, np_, gloss, ex, f
+
+
+def kinds_and_definitions(rng, syn, idx, exclude):
+    kinds, defs = [], []
+    for w, a, hyper, np_, gloss, ex, f in _noun_facts(syn, idx):
+        fmt = {"w": w, "a": a, "A": a.capitalize()}
+        if hyper:
             for q in rng.sample(KIND_Q, _freq_copies(f)):
                 kinds.append({"kind": "v3_kind", "word": w,
                               "messages": [q.format(**fmt), f"{a.capitalize()} {w} is a kind of {hyper}."]})
-        gloss = H.re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
-        if not gloss:
+        if not np_:
             continue
-        np_ = gloss if re.match(r"(a|an|the|any|one|some)\b", gloss) else f"{_article(gloss)} {gloss}"
-        ex = next((e for e in s["ex"] if w.split()[0] in e.lower()), None)
         for q in rng.sample(DEF_Q, _freq_copies(f)):
             ans = f"{a.capitalize()} {w} is {np_}."
             if ex and rng.random() < 0.6:
@@ -421,6 +439,79 @@ def topic_conversations(rng, short, exclude, n=4000):
         if not exclude(item):
             out.append(item)
     return out
+
+
+# ------------------------------------------------------------------------------ (f) fact notes
+
+NOTE_CAP = ["The capital of {c} is {n}.", "{n} is the capital of {c}.", "The capital city of {c} is {n}.",
+            "{c} has {n} as its capital.", "{n} is the capital city of {c}."]
+NOTE_OPP = ['The opposite of "{w}" is "{a}".', "The opposite of {w} is {a}.", '"{w}" and "{a}" are opposites.',
+            '"{a}" is an antonym of "{w}".', "{W} is the opposite of {a}."]
+NOTE_KIND = ["{A} {w} is a kind of {h}.", "{A} {w} is a type of {h}.", "{Pl} are a kind of {h}.",
+             "{W} is a kind of {h}.", "{A} {w} belongs to the category {h}."]
+NOTE_DEF = ['The word "{w}" means {g}.', "{A} {w} is {np}.", "{W} means {g}.", 'By "{w}" we mean {np}.',
+            "{W}: {g}."]
+NOTE_HEAD = ["Notes.", "Facts.", "Word notes.", "Things to know.", ""]
+
+
+def fact_notes(rng, syn, idx, skip, per_note=(6, 14)):
+    """(f) Plain notes (prose, no questions) stating the facts the short answers ask about, each
+    in 1-3 phrasings as common its subject is, for every subject not skipped: the judge's held-out
+    subjects too. Why: V3 answered in the right shape but not the asked fact (11 of 75; "What is the
+    capital of Zambia?" -> "The capital of Zimbabwe is Harare."): a held-out subject's fact was in
+    training once, in its gloss's words, and a small model reads a fact back out of a question only
+    when it saw the fact stated in several ways (Allen-Zhu and Li, Physics of Language Models 3.1).
+    No note holds a question, so no held-out question nor its answer as one is in training; the
+    facts are the corpora's own. `skip(word)`: subjects kept out whatever the kind (the tool
+    evaluation's words, v2's held-out topics). The notes draw on their own random stream, so the
+    other generators' output is what it was."""
+    return notes(rng, fact_lines(rng, _capital_facts(syn, idx), _opposite_facts(syn, idx), _noun_facts(syn, idx),
+                                 skip), per_note)
+
+
+def fact_lines(rng, capitals, opposites, nouns, skip) -> dict:
+    """kind -> statements: the facts of _capital_facts, _opposite_facts and _noun_facts (or
+    hand-made tuples of theirs), each in 1-3 phrasings (3 for a capital), skipping `skip`'s subjects."""
+    facts = {"capital": [], "opposite": [], "kind": [], "definition": []}
+    for country, city, _ in capitals:
+        if not (skip(country.lower()) or skip(city.lower())):
+            facts["capital"] += [t.format(c=country, n=city) for t in rng.sample(NOTE_CAP, 3)]
+    for w, a, f in opposites:
+        if not (skip(w) or skip(a)):
+            facts["opposite"] += [t.format(w=w, a=a, W=w.capitalize()) for t in rng.sample(NOTE_OPP, _freq_copies(f))]
+    for w, art, hyper, np_, gloss, _, f in nouns:
+        if skip(w):
+            continue
+        fmt = {"w": w, "W": w.capitalize(), "A": art.capitalize(), "Pl": _plural(w).capitalize(), "h": hyper,
+               "g": np_, "np": np_}
+        if hyper:
+            facts["kind"] += [t.format(**fmt) for t in rng.sample(NOTE_KIND, _freq_copies(f))]
+        if np_:
+            facts["definition"] += [t.format(**fmt) for t in rng.sample(NOTE_DEF, _freq_copies(f))]
+    return facts
+
+
+def notes(rng, facts: dict, per_note=(6, 14)) -> list:
+    """Each kind's statements shuffled into notes of `per_note` statements: [{"kind", "text"}]."""
+    out = []
+    for kind, lines in facts.items():
+        rng.shuffle(lines)
+        i = 0
+        while i < len(lines):
+            n = rng.randint(*per_note)
+            head = rng.choice(NOTE_HEAD)
+            out.append({"kind": f"note_{kind}", "text": (head + "\n" if head else "") + " ".join(lines[i:i + n])})
+            i += n
+    return out
+
+
+def _plural(w):
+    last = w.split()[-1]
+    if re.search(r"(s|x|z|ch|sh)$", last):
+        return w + "es"
+    if re.search(r"[^aeiou]y$", last):
+        return w[:-1] + "ies"
+    return w + "s"
 
 
 def generate(seed=35, exclude=None, arith=None):
