@@ -381,6 +381,8 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
             if rows:
                 before = rows[-1]
                 row["new_tokens"] = row["prompt_tokens"] - before["prompt_tokens"] - before["output_tokens"]
+                # started past the last prompt: from the last reply's snapshot (webapp/serving/history.py)
+                row["from_reply_snapshot"] = row["cached_tokens"] > before["prompt_tokens"]
             else:
                 row["new_tokens"] = row["prompt_tokens"]
             row["prefilled_over_new"] = row["prefilled_tokens"] / max(1, row["new_tokens"])
@@ -390,7 +392,8 @@ def session(model: str, args, restart: bool, cache_dir: str, log: str, progress=
             rows.append(row)
             say(f"{name} turn {turn}: prompt {row['prompt_tokens']}, cached "
                 f"{row['cached_tokens']}, prefilled {row['prefilled_tokens']}, new {row['new_tokens']} "
-                f"(x{row['prefilled_over_new']:.2f}), ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
+                f"(x{row['prefilled_over_new']:.2f}{', from the reply snapshot' if row.get('from_reply_snapshot') else ''}), "
+                f"ttft {_s(row['ttft_s'])} (prefill {_s(row['prefill_s'])}), "
                 f"wall {row['wall_s']:.1f} s (waited {row.get('waited_s', float('nan')):.2f} s, "
                 f"{_s(row['start_s'])} of it before the model), {row['stop_reason']}"
                 + _parts(row["prefill_parts"]))

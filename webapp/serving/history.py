@@ -3,7 +3,8 @@
 After a reply the app snapshots the conversation, reply included, as the next turn's prompt will
 begin (core.stream.history_steps): the next turn then prefills only its new message. That takes a
 prefill of the reply, so it waits: `grace` seconds without a request, then the model's idle time
-(no call waiting, no reply streaming). A request that begins with a conversation whose snapshot
+(no call waiting, no reply streaming); at grace 0 it starts as the reply ends, before the client
+has read it, where the model is idle then. A request that begins with a conversation whose snapshot
 has not started drops it and prefills the reply with its own new tokens. One that is under way
 goes on: the request queues behind it on the model thread and starts from it, so the reply's
 prefill runs while the client is busy (an agent's tool, a person typing) instead of in the next
@@ -125,8 +126,9 @@ class HistorySnapshots:
             pending.queued = True
         if pending.stop.is_set():
             self._done(pending)
-        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
-            self.worker.in_idle_time(self._take(pending) for _ in range(1))
+        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot,
+            # started at once where the model is idle now (the next call of an agent comes soon)
+            self.worker.in_idle_time((self._take(pending) for _ in range(1)), at_once=True)
 
     def _take(self, pending: Pending) -> None:
         """On the model thread: the snapshot, a prefill chunk at a time (a request that begins
