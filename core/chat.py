@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from . import pieces
 from .images import ImageError, Picture
 from .stream import Prompt
 
@@ -105,11 +106,11 @@ def _marked_once(adapter, msgs: List[dict], parts: list, kw: dict):
     mark (the system prompt, the history) tripled the tokenizer's time (~15 ms per 20k tokens).
     A mark's prefix ends where an added token (<|im_start|>) begins, and a fast tokenizer splits
     its text at added tokens before anything else, so the prefix encodes alone as the whole text's first
-    tokens (checked on this tokenizer once: _encodes_once)."""
+    tokens (checked on this tokenizer once: _encodes_once). The text is encoded a piece at a time,
+    the pieces sent before kept (core/pieces.py): an agent's turn encodes its new messages only."""
     tok = adapter.tokenizer
     text = _template_text(tok, msgs, True, kw)
-    enc = tok._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, ends = list(enc["input_ids"]), [e for _, e in enc["offset_mapping"]]
+    ids, starts, ends = pieces.encode(tok, text)
     specials = tuple(tok._tokenizer.get_added_vocab())   # split out before anything else, special or not
     marks = []
     for part in parts:
@@ -117,11 +118,11 @@ def _marked_once(adapter, msgs: List[dict], parts: list, kw: dict):
         at = len(head)
         if not (0 < at < len(text) and text.startswith(head) and text.startswith(specials, at)):
             return None
-        n = sum(1 for e in ends if e <= at)
-        if not (0 < n < len(ids)) or (n < len(ends) and enc["offset_mapping"][n][0] < at):
+        n = int((ends <= at).sum())
+        if not (0 < n < len(ids)) or (n < len(ends) and starts[n] < at):
             return None
         marks.append(n)
-    return ids, sorted(set(marks))
+    return ids.tolist(), sorted(set(marks))
 
 
 def _template_kwargs(tools, enable_thinking) -> dict:
@@ -152,7 +153,11 @@ def _encodes_once(adapter) -> bool:
                 msgs = normalize_messages(_ONCE_PROBE, image_text(adapter))
                 parts, kw = [msgs[:1], msgs], {"tools": None, "enable_thinking": None}
                 each = _marked_each(adapter, msgs, parts, kw)
-                known = len(each[1]) == len(parts) and _marked_once(adapter, msgs, parts, kw) == each
+                text = _template_text(tok, msgs, True, kw)
+                enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+                whole = (list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]], [b for _, b in enc["offset_mapping"]])
+                known = len(each[1]) == len(parts) and _marked_once(adapter, msgs, parts, kw) == each \
+                    and pieces.encode(tok, text).tolist() == [*whole]   # the pieces encode as the whole text does
             except Exception:   # noqa: BLE001 - any surprise: the per-part path, as before
                 known = False
         try:
@@ -174,7 +179,11 @@ def history_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thin
     """The conversation as the next turn's prompt will begin (no generation prompt; the
     template drops earlier thinking as it always does), marked at its end."""
     msgs = normalize_messages(messages, image_text(adapter))
-    ids = render(adapter, msgs, add_generation_prompt=False, tools=tools, enable_thinking=enable_thinking)
+    kw = {"tools": tools, "enable_thinking": enable_thinking}
+    if not any(m.get("images") for m in msgs) and _encodes_once(adapter):   # the pieces sent before, kept
+        ids = pieces.encode(adapter.tokenizer, _template_text(adapter.tokenizer, msgs, False, kw))[0].tolist()
+    else:
+        ids = render(adapter, msgs, add_generation_prompt=False, **kw)
     return _with_pictures(adapter, msgs, ids, [len(ids)])
 
 

@@ -226,6 +226,54 @@ def test_the_prompt_encoded_once_has_the_ids_and_marks_of_each_part_encoded(syst
     assert once.ids == each.ids and once.marks == each.marks and len(once.marks) == (2 if system else 1)
 
 
+@pytest.mark.parametrize("model", ["demo", "qwen3_5"])
+def test_a_conversation_encoded_a_piece_at_a_time_is_the_whole_encoding_and_encodes_only_what_is_new(
+        model, tiny_checkpoint, monkeypatch):
+    """core/pieces.py: an agent's conversation, turn after turn (a system prompt, tool calls and
+    results, thinking), encoded a piece at a time gives the whole text's ids and spans; a turn
+    encodes only its new pieces (the rest were kept); history_prompt gives render's ids; the
+    pieces kept stay under their budget."""
+    import core.pieces
+    from core import history_prompt
+    from core.chat import _encodes_once, _template_text, render
+
+    ad = load_adapter("models/demo" if model == "demo" else tiny_checkpoint(template="qwen3_5"))
+    tok = ad.tokenizer
+    assert _encodes_once(ad)
+    tok._mtp_pieces = None   # a fresh store for this test
+    encoded = []
+    real = tok._tokenizer
+
+    class Counting:   # counts the characters the tokenizer is handed
+        def __call__(self, text, **kw):
+            encoded.append(len(text))
+            return real(text, **kw)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(tok, "_tokenizer", Counting())
+    msgs = [{"role": "system", "content": "You help with words.\n<tool_call>\n not a call " * 40},
+            {"role": "user", "content": "Look up harbor. é 12"}]
+    for turn in range(4):
+        text = _template_text(tok, msgs, True, {"tools": [TOOL], "enable_thinking": None})
+        encoded.clear()
+        got = core.pieces.encode(tok, text).tolist()
+        enc = real(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert got == [list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]], [b for _, b in enc["offset_mapping"]]]
+        if turn:
+            assert 0 < sum(encoded) < len(text) / 3, (turn, sum(encoded), len(text))   # the new messages only
+        msgs += [{"role": "assistant", "content": "", "reasoning_content": f"think {turn}",
+                  "tool_calls": [{"type": "function", "id": "x", "function": {"name": "lookup", "arguments": {"word": "w"}}}]},
+                 {"role": "tool", "tool_call_id": "x", "content": f"result {turn}\n\n  spaced  "}]
+    hist = history_prompt(ad, msgs, tools=[TOOL])
+    assert list(hist.ids) == render(ad, msgs, add_generation_prompt=False, tools=[TOOL])
+    monkeypatch.setattr(core.pieces, "MAX_TOKENS", 50)   # a new piece makes room: the oldest go
+    core.pieces.encode(tok, _template_text(tok, msgs + [{"role": "user", "content": "and boat?"}], True,
+                                        {"tools": None, "enable_thinking": None}))
+    assert 0 < tok._mtp_pieces.tokens <= 50 or len(tok._mtp_pieces.pieces) == 1
+
+
 def test_overlapping_chunks_compute_what_chunks_one_after_another_do(adapter, monkeypatch):
     """core.stream.PIPELINE (on by default on a GPU: the device runs a chunk while the host builds
     the next) changes when chunks run, never what they compute: forced on here (the CPU's default
