@@ -286,12 +286,7 @@ def test_an_agent_that_comes_back_while_the_reply_is_snapshotted_starts_from_the
         else:
             r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
                                                temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
-        conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])   # turn 2: only the result and the prompt's end
-        call = r.choices[0].message.tool_calls[0]
-        conv.call(json.loads(call.function.arguments))
-        conv.result(f"sunny {k}")
-        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+        _answer(conv, messages, r, k)   # turn 2: only the result and the prompt's end
     assert conv.checked == 2
     go.set()
     assert host.histories.wait(30)
@@ -304,28 +299,12 @@ def _has_asked(host, deadline: float) -> bool:
     return not host.worker._jobs.empty()
 
 
-def test_an_agent_that_comes_back_at_once_starts_from_the_reply_snapshot_begun_at_its_end(server):
-    """At the default grace (0) the reply's snapshot starts as the reply ends, on the model thread,
-    before the client has read it (webapp/serving/worker.py, in_idle_time at_once), so an agent
-    that sends its next call at once finds it under way, waits for it and prefills only what the
-    turn adds, as a paced client does."""
-    url, host = server
-    assert host.histories.wait(30)
-    host.histories.grace = 0.0
-    host.prefix_cache.clear()
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, _strict_response_validation=True)
-    force = {"type": "function", "function": {"name": "get_weather"}}
-    ask = ASK + " (straight back)"
-    conv, messages = Conversation(host, ask, paced=True), [{"role": "user", "content": ask}]
-    conv.pace = lambda: None   # no pause: the calls come back to back
-    for k in range(3):
-        r = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, tool_choice=force,
-                                           temperature=0, max_tokens=64, extra_body={"enable_thinking": False})
-        conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])   # turns 2, 3: only the result and the prompt's end
-        call = r.choices[0].message.tool_calls[0]
-        conv.call(json.loads(call.function.arguments))
-        conv.result(f"sunny {k}")
-        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
-    assert conv.checked == 3
-    assert host.histories.wait(30)
+def _answer(conv, messages: list, r, k: int) -> None:
+    """A forced call's reply checked against the conversation (Conversation.check), then the call
+    and its result added to both, as the client sends them next."""
+    conv.check(r.usage.prompt_tokens, r.model_extra["mtp"])
+    call = r.choices[0].message.tool_calls[0]
+    conv.call(json.loads(call.function.arguments))
+    conv.result(f"sunny {k}")
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]

@@ -3,9 +3,7 @@
 After a reply the app snapshots the conversation, reply included, as the next turn's prompt will
 begin (core.stream.history_steps): the next turn then prefills only its new message. That takes a
 prefill of the reply, so it waits: `grace` seconds without a request, then the model's idle time
-(no call waiting, no reply streaming). An agent's (a request that offered tools) starts as the
-reply ends, before the client has read it, where the model is idle then and the grace is 0: its
-next call comes at once with the tool's result. A request that begins with a conversation whose snapshot
+(no call waiting, no reply streaming). A request that begins with a conversation whose snapshot
 has not started drops it and prefills the reply with its own new tokens. One that is under way
 goes on: the request queues behind it on the model thread and starts from it, so the reply's
 prefill runs while the client is busy (an agent's tool, a person typing) instead of in the next
@@ -51,7 +49,6 @@ class Pending:
     timer: Optional[threading.Timer] = None
     queued: bool = False
     running: bool = False   # on the model thread now: a request that begins with it waits for it
-    at_once: bool = False   # an agent's: started as the reply ends (ModelWorker.in_idle_time at_once)
 
 
 class HistorySnapshots:
@@ -65,10 +62,9 @@ class HistorySnapshots:
         self._taking = threading.Lock()   # held while a snapshot runs on the model thread
         _ALL.add(self)
 
-    def remember(self, history, at_once: bool = False) -> None:
-        """A reply ended: snapshot `history` when its grace has passed, unless dropped first;
-        `at_once`: an agent's, started as soon as it is queued where the model is idle."""
-        pending = Pending(history, at_once=at_once)
+    def remember(self, history) -> None:
+        """A reply ended: snapshot `history` when its grace has passed, unless dropped first."""
+        pending = Pending(history)
         with self.lock:
             self.pending.append(pending)
         if self.grace > 0:
@@ -130,8 +126,7 @@ class HistorySnapshots:
         if pending.stop.is_set():
             self._done(pending)
         else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
-            # (an agent's started there and then where the model is idle now: its next call comes soon)
-            self.worker.in_idle_time((self._take(pending) for _ in range(1)), at_once=pending.at_once)
+            self.worker.in_idle_time(self._take(pending) for _ in range(1))
 
     def _take(self, pending: Pending) -> None:
         """On the model thread: the snapshot, a prefill chunk at a time (a request that begins

@@ -242,7 +242,7 @@ class ModelHost:
         except Exception:  # noqa: BLE001 - a history the template refuses is simply not cached
             return
         if len(history.ids) + 1 < self.context_length:
-            self.histories.remember(history, at_once=bool(tools))   # tools offered: an agent's loop
+            self.histories.remember(history)
 
     def constraint(self, grammar):
         """A fresh core.Constraint for `grammar` (a grammar, or a function of the tokenizer that

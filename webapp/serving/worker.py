@@ -28,6 +28,7 @@ def _quiesce() -> None:
     """At exit, no background slice may be running MLX work: a thread that is in MLX while the
     interpreter ends aborts the process ("terminate called without an active exception")."""
     for worker in list(_WORKERS):
+        worker.closed = True      # work queued from now on never starts (a call already queued may add some)
         worker._idle.clear()
         with worker._slice_lock:  # waits for the slice in progress, if any
             pass
@@ -51,6 +52,7 @@ class ModelWorker:
         self._open_streams = 0
         self._lock, self._slice_lock = threading.Lock(), threading.Lock()
         self.idle_slices = 0      # background slices run so far
+        self.closed = False       # the interpreter is ending: no background slice starts (_quiesce)
         # A batch scheduler (webapp/serving/batching.py): while busy() it steps whenever no call waits.
         self.pump = None
         # What happened in order, for diagnostics and tests: ("slice", n), ("open"|"end", stream id).
@@ -86,6 +88,8 @@ class ModelWorker:
 
     def _idle_slice(self) -> None:
         with self._slice_lock:
+            if self.closed:
+                self._idle.clear()
             if not self._idle:
                 return
             work = self._idle[0]
@@ -99,23 +103,9 @@ class ModelWorker:
             self.idle_slices += 1
             self.events.append(("slice", self.idle_slices))
 
-    def in_idle_time(self, work: Iterator[Any], at_once: bool = False) -> None:
-        """Run `work` (an iterator: each next() is one short slice) when the model is idle.
-        `at_once`: it goes before the other background work, and where the model is idle when
-        this reaches its thread (no stream open, no call waiting, no batch stepping) its first
-        slice starts there and then, instead of after IDLE_POLL without a call. Why: a reply's
-        snapshot (webapp/serving/history.py) is wanted by the agent's next call, which comes
-        within ~0.1 s (0.02-0.04 s on a CPU) and waits for a snapshot under way but drops one not
-        started; the prefix cache's disk writes, queued by the reply's own prefill, can wait."""
-        def add() -> None:
-            if not at_once:
-                self._idle.append(work)
-                return
-            self._idle.appendleft(work)
-            if self._open_streams == 0 and self._jobs.empty() and not (self.pump is not None and self.pump.busy()):
-                self._idle_slice()
-
-        self.later(add)  # queued behind what is waiting now, on the model thread
+    def in_idle_time(self, work: Iterator[Any]) -> None:
+        """Run `work` (an iterator: each next() is one short slice) when the model is idle."""
+        self.later(self._idle.append, work)  # queued behind what is waiting now, on the model thread
 
     def _stream_opened(self, stream) -> None:
         with self._lock:
