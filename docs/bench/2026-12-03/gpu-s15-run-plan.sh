@@ -7,9 +7,9 @@
 #    half), the default and the verify-submit trial in turn, A B A B; the batch graph both ways.
 #    Then the one-request lanes, bench.py at depth 2, both ways (the trial took MTP d2 +10 % when
 #    submit covered every forward, 2026-12-02 section 8).
-# 3. Issue 36, the agent session warm: the reply's snapshot now starts as the reply ends (grace 0,
-#    idle work at once) and a call that comes while it runs waits for it and starts from it: read
-#    the client's ratios too, which count that wait. Then where a turn's new chunk
+# 3. Issue 36, the agent session warm: the reply's snapshot now starts at the model's first idle
+#    poll (grace 0) and a call that comes while it runs waits for it and starts from it: read the
+#    client's ratios too, which count that wait, and agent_session's 'from the reply snapshot'. Then where a turn's new chunk
 #    length costs ~20 ms more on first use (gpu_chunk_parts.py: its build, encode and wait).
 # Wheels in four calls: .whl/c1 .. .whl/c4 (scripts/gpu/carry_wheels.sh); the PTX cache comes
 # from the repository (scripts/gpu/ptx/). Say lines hold no quotes or parentheses (bash).
