@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 from . import pieces
 from .images import ImageError, Picture
 from .stream import Prompt
@@ -85,7 +87,7 @@ def chat_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thinkin
     msgs = normalize_messages(messages, image_text(adapter))
     parts = ([msgs[:1]] if msgs[0]["role"] == "system" and len(msgs) > 1 else []) + [msgs]
     kw = {"tools": tools, "enable_thinking": enable_thinking}
-    once = None if any(m.get("images") for m in msgs) or not _encodes_once(adapter) else _marked_once(adapter, msgs, parts, kw)
+    once = _marked_once(adapter, msgs, parts, kw) if _one_encoding(adapter, msgs) else None
     return _with_pictures(adapter, msgs, *(once or _marked_each(adapter, msgs, parts, kw)))
 
 
@@ -154,10 +156,8 @@ def _encodes_once(adapter) -> bool:
                 parts, kw = [msgs[:1], msgs], {"tools": None, "enable_thinking": None}
                 each = _marked_each(adapter, msgs, parts, kw)
                 text = _template_text(tok, msgs, True, kw)
-                enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
-                whole = (list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]], [b for _, b in enc["offset_mapping"]])
                 known = len(each[1]) == len(parts) and _marked_once(adapter, msgs, parts, kw) == each \
-                    and pieces.encode(tok, text).tolist() == [*whole]   # the pieces encode as the whole text does
+                    and np.array_equal(pieces.encode(tok, text), pieces.whole(tok, text))   # pieces as the whole
             except Exception:   # noqa: BLE001 - any surprise: the per-part path, as before
                 known = False
         try:
@@ -165,6 +165,12 @@ def _encodes_once(adapter) -> bool:
         except AttributeError:
             pass
     return known
+
+
+def _one_encoding(adapter, msgs: List[dict]) -> bool:
+    """Can `msgs`' rendered text be encoded once, a piece at a time (no picture to expand, a
+    tokenizer that encodes as its parts do)?"""
+    return not any(m.get("images") for m in msgs) and _encodes_once(adapter)
 
 
 def _with_pictures(adapter, msgs: List[dict], ids: List[int], marks: List[int]) -> Prompt:
@@ -180,7 +186,7 @@ def history_prompt(adapter, messages: Sequence[dict], *, tools=None, enable_thin
     template drops earlier thinking as it always does), marked at its end."""
     msgs = normalize_messages(messages, image_text(adapter))
     kw = {"tools": tools, "enable_thinking": enable_thinking}
-    if not any(m.get("images") for m in msgs) and _encodes_once(adapter):   # the pieces sent before, kept
+    if _one_encoding(adapter, msgs):   # the pieces sent before, kept
         ids = pieces.encode(adapter.tokenizer, _template_text(adapter.tokenizer, msgs, False, kw))[0].tolist()
     else:
         ids = render(adapter, msgs, add_generation_prompt=False, **kw)

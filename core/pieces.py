@@ -52,6 +52,13 @@ class _Kept:
             self.tokens -= self.pieces.popitem(last=False)[1].shape[1]
 
 
+def whole(tok, text: str) -> np.ndarray:
+    """[3, n] int64: the ids, span starts and span ends of `text` encoded in one call."""
+    enc = tok._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = enc["offset_mapping"]
+    return np.array([enc["input_ids"], [a for a, _ in spans], [b for _, b in spans]], dtype=np.int64).reshape(3, -1)
+
+
 def encode(tok, text: str) -> np.ndarray:
     """[3, n] int64: the ids, span starts and span ends of `text`, as `tok._tokenizer(text,
     add_special_tokens=False, return_offsets_mapping=True)` gives them, from the pieces between _cuts."""
@@ -68,9 +75,7 @@ def encode(tok, text: str) -> np.ndarray:
         with _lock:
             got = kept.get(piece)
         if got is None:
-            enc = tok._tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
-            got = np.array([enc["input_ids"], *zip(*enc["offset_mapping"])] if enc["input_ids"] else np.zeros((3, 0)),
-                           dtype=np.int64).reshape(3, -1)
+            got = whole(tok, piece)
             with _lock:
                 kept.put(piece, got)
         parts.append(got + np.array([[0], [start], [start]], dtype=np.int64))

@@ -219,7 +219,7 @@ class HybridAdapter:
                 cap.clear()
             return
         same = keeps[0] if len(set(keeps)) == 1 else None   # every row keeps as many: slices, as alone
-        kept = mx.array(keeps, dtype=mx.int32)
+        kept = None if same is not None else mx.array(keeps, dtype=mx.int32)
         # The rows' selections are built once a cycle, broadcast to each shape the layers share (the
         # 9B's layers all share one), so that a layer's gather and selects add no broadcasts of them.
         windows, at = {}, {}
@@ -239,13 +239,14 @@ class HybridAdapter:
                 if shape not in windows:
                     windows[shape] = mx.broadcast_to(
                         (kept[:, None] + mx.arange(n_keep, dtype=mx.int32)[None])[..., None], shape)
-                if states[0].shape not in at:   # per dropped position: the rows whose state is position t's
-                    at[states[0].shape] = [mx.broadcast_to((kept == t + 1).reshape(-1, 1, 1, 1), states[0].shape)
-                                           for t in range(W - 1)]
+                rows_at = at.get(states[0].shape)
+                if rows_at is None:   # per dropped position: the rows whose state is position t's
+                    rows_at = at[states[0].shape] = [
+                        mx.broadcast_to((kept == t + 1).reshape(-1, 1, 1, 1), states[0].shape) for t in range(W - 1)]
                 conv = mx.take_along_axis(conv_input, windows[shape], axis=1)
                 state = states[W - 1]
                 for t in range(W - 2, -1, -1):
-                    state = mx.where(at[states[0].shape][t], states[t], state)
+                    state = mx.where(rows_at[t], states[t], state)
             for c, row_conv, row_state in zip(cs, layers.rows(conv), layers.rows(state)):
                 c[0], c[1] = row_conv, row_state
             layers.keep_stacked(cs, (conv, state))
