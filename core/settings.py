@@ -17,7 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles",)
 
@@ -86,7 +86,9 @@ class Settings(BaseSettings):
     # section 8), kept for other GPUs to measure: a comma list of "submit" (a forward's first layers handed to the GPU every 8 layers while the host builds
     # the rest), "swiglu" (the MLP's activation read inside down_proj), "verify-submit" (the same
     # as "submit" for a verify's forward alone, where the device waits for it after the cycle's
-    # sync; the AR step, queued while the one before runs, keeps one submit). Each keeps every row's bits
+    # sync; the AR step, queued while the one before runs, keeps one submit; a verify of several
+    # sequences is handed every 8 layers by default, since section 15), "batch-verify-wait" (that
+    # default off, to pair it). Each keeps every row's bits
     # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
     # docs/bench/2026-12-03/GPU.md.)

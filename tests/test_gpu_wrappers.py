@@ -332,6 +332,7 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lru_cache(maxsize=None)(kernels._two_tiles_verdict.__wrapped__))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert (b.few.submit_every, b.few.submit_verify_every, b.few.swiglu_mlp, gk.TWO_TILES["on"]) == (0, 0, False, True)
+    assert b.few.submit_batch_verify_every == 8   # adopted: a batch's verify is handed every 8 layers
     assert checked == [1] and "8 rows a launch" not in b.note and "trials" not in b.note
     trials = LoadOptions.from_settings(Settings(gpu_trials=" swiglu, two-tiles,submit")).gpu_trials
     assert trials == {"submit", "swiglu"}
@@ -341,11 +342,37 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True,
                         trials=LoadOptions.from_settings(Settings(gpu_trials="verify-submit")).gpu_trials)
     assert (b.few.submit_every, b.few.submit_verify_every) == (0, 8) and "trials on: verify-submit" in b.note
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True,
+                        trials=LoadOptions.from_settings(Settings(gpu_trials="batch-verify-wait")).gpu_trials)
+    assert (b.few.submit_verify_every, b.few.submit_batch_verify_every) == (0, 0) and "batch-verify-wait" in b.note
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait"):
         Settings(gpu_trials="swiglu,tiles")
+
+
+def test_a_verify_of_several_sequences_is_handed_to_the_device_in_parts(monkeypatch):
+    """layers._submit: with the GPU runner's defaults a verify of several sequences starts the
+    device every 8 layers (never after the last), while one sequence's verify, a batch's plain
+    step and one sequence's step are handed once, at the end (the caller's eval)."""
+    from adapters.qwen3_5 import layers
+
+    run = backends.CompiledGpuKernels("cuda")
+    submitted = []
+    monkeypatch.setattr(mx, "async_eval", lambda *a: submitted.append(a))
+    h = mx.zeros((2, 3, 4))
+
+    def parts(capture, batch, n=24):
+        submitted.clear()
+        for i in range(n):
+            layers._submit(run, h, i, n, capture, batch)
+        return len(submitted)
+
+    assert (parts(True, True), parts(True, True, n=16)) == (2, 1)   # after layers 8 and 16; 8 alone
+    assert (parts(True, False), parts(False, True), parts(False, False)) == (0, 0, 0)
+    run.submit_batch_verify_every = 0   # the "batch-verify-wait" trial
+    assert parts(True, True) == 0
 
 
 def test_every_gpu_few_runner_attends_row_by_row(monkeypatch):

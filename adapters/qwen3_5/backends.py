@@ -116,7 +116,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
            trials: frozenset = frozenset()) -> Backend:
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
-    on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit)."""
+    on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
+    batch-verify-wait)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     on_cpu = device == mx.cpu
@@ -143,6 +144,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
             few.submit_every = 8 if "submit" in trials else 0
             few.submit_verify_every = 8 if "verify-submit" in trials else 0
+            if "batch-verify-wait" in trials:
+                few.submit_batch_verify_every = 0
             few.swiglu_mlp = "swiglu" in trials and kb == "cuda"
             if trials:
                 said += f"; trials on: {', '.join(sorted(trials))}"

@@ -72,6 +72,10 @@ class GpuKernels(MlxOps):
     # at the 9B shape, with the GPU idle). "swiglu": dense_mlp below.
     submit_every = 0
     swiglu_mlp = False
+    # A verify of several sequences goes to the GPU every 8 layers (the "submit" trial's way, for
+    # it alone): +8-15 % MTP aggregate at 4 requests on the H200, where one sequence's verify
+    # lost ~8 % (docs/bench/2026-12-03/GPU.md, section 15). "batch-verify-wait" turns it off.
+    submit_batch_verify_every = 8
 
     def linear(self, m, x):
         return self._rows(m, x, m)

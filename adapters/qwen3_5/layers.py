@@ -252,11 +252,12 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
     return h, captured
 
 
-def _submit(run, h: mx.array, i: int, n: int, capture: bool = False) -> None:
-    """Start the device on the layers built so far (a backend's `submit_every`, or for a verify
-    its `submit_verify_every`): values are the same, the host's graph building overlaps the
-    device's work instead of preceding it."""
-    every = run.submit_every or (run.submit_verify_every if capture else 0)
+def _submit(run, h: mx.array, i: int, n: int, capture: bool = False, batch: bool = False) -> None:
+    """Start the device on the layers built so far (a backend's `submit_every`, for a verify its
+    `submit_verify_every`, for a verify of several sequences `submit_batch_verify_every`): values
+    are the same, the host's graph building overlaps the device's work instead of preceding it."""
+    every = run.submit_every or (run.submit_verify_every if capture else 0) or (
+        run.submit_batch_verify_every if capture and batch else 0)
     if every and (i + 1) % every == 0 and i + 1 < n:
         mx.async_eval(h)
 
@@ -308,7 +309,7 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
                                              dtype=mx.int32), S)
             h = attend_batch(run, p, h, cs, pos)
-        _submit(run, h, i, len(stack.layers), capture)
+        _submit(run, h, i, len(stack.layers), capture, batch=len(cs) > 1)
     return h, captured
 
 
