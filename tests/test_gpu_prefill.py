@@ -212,8 +212,8 @@ def test_prefill_chunks_go_through_the_kernel_and_match_mlx_ops(tiny_checkpoint,
     assert len(states) == n_gdn and all(float(mx.abs(a - b).max()) < 0.02 * float(mx.abs(b).max()) for a, b in states)
     launches.clear()
     marked = ad.make_cache()
-    again = prefill(ad, Prompt(ids, (7,)), marked, None, chunk=16)  # chunks 7, 9, 16, 13
-    assert (1, 7, 2, 32) in launches and (1, 9, 2, 32) in launches
+    again = prefill(ad, Prompt(ids, (7,)), marked, None, chunk=16)  # chunks 7, 16, 16, 6: counted from the mark
+    assert sorted(launches) == sorted([(1, 7, 2, 32), (1, 16, 2, 32), (1, 16, 2, 32), (1, 6, 2, 32)] * n_gdn)
     # Other chunk ends give other row counts to the linears around the kernel: MLX's CPU matmul
     # (its BLAS) may sum 7 rows otherwise than 16 (it does on AMD EPYC), so float32 rounding only.
     diff = float(mx.abs(again.logits.astype(f32) - got.logits.astype(f32)).max())
