@@ -211,3 +211,89 @@ def test_fact_notes_state_every_fact_in_its_own_words_and_ask_nothing():
     assert sum("container" in s for s in lines) == 2 and not any("box" in s.lower() and "means" in s for s in lines)
     # the facts the held-out questions ask about are stated (Madrid's three times, above), the questions are not
     assert all(q not in text for q in ("What is the capital of Spain?", "Define harbor."))
+
+
+# ------------------------------------------------------------------------------ v3d: the focused notes
+
+FOCUS = {
+    "capital": [{"subject": "Peru", "c": "Peru", "n": "Lima"}, {"subject": "Spain", "c": "Spain", "n": "Madrid"}],
+    "opposite": [{"subject": "early", "w": "early", "a": "late", "W": "Early"}],
+    "kind": [{"subject": "violin", "w": "violin", "W": "Violin", "A": "A", "Pl": "Violins", "h": "bowed stringed instrument",
+              "ha": "a"}],
+    "definition": [{"subject": "harbor", "w": "harbor", "W": "Harbor", "A": "A", "Pl": "Harbors", "np": "a sheltered port"}],
+    "python": [{"subject": "append", "k": "list method", "s": "`list.append(x)`", "S": "`list.append(x)`",
+                "f": "Add an item to the end of the list.", "t": "add an item to the end of the list"},
+               {"subject": "iter", "k": "function", "s": "`iter(object)`", "S": "`iter(object)`",
+                "f": "Return an iterator object.", "t": None}],
+}
+
+
+def test_focus_notes_state_every_fact_in_five_phrasings_or_more_and_ask_nothing():
+    """v3d: each fact in >= 5 different phrasings, stated `repeats` times (every phrasing before any
+    repeats), in notes that hold no question; the same seed gives the same notes."""
+    for kind, fs in FOCUS.items():
+        for f in fs:
+            ph = V3.fact_phrasings(kind, f)
+            assert len(set(ph)) == len(ph) >= 5, (kind, ph)
+            assert all("?" not in p for p in ph)
+    made = lambda seed: V3.focus_notes(random.Random(seed), FOCUS, repeats=12, per_note=(3, 6))  # noqa: E731
+    notes = made(1)
+    assert made(1) == notes and made(2) != notes
+    text = " ".join(n["text"] for n in notes)
+    assert "?" not in text
+    assert {n["kind"] for n in notes} == {f"note_{k}" for k in FOCUS}
+    for kind, fs in FOCUS.items():
+        for f in fs:
+            ph = V3.fact_phrasings(kind, f)
+            used = [p for p in ph if p in text]
+            assert len(used) >= 5, (kind, f["subject"], used)
+            # 12 statements of the fact: each phrasing at least once when there are at most 12 of them
+            assert sum(text.count(p) for p in ph) >= 12 if len(ph) <= 12 else True
+    assert text.count("Lima") == 12 and text.count("Madrid") == 12
+    assert all(q not in text for q in ("What is the capital of Spain?", "How do I add an item to the end of the list in Python?"))
+
+
+def test_focus_coverage_counts_the_judges_subjects_it_states():
+    items = [{"category": "capital", "subject": "Spain", "question": "What is the capital of Spain?"},
+             {"category": "capital", "subject": "Ghana", "question": "What's the capital of Ghana?"},
+             {"category": "opposite", "subject": "early", "question": "What is the opposite of early?"},
+             {"category": "python", "subject": "append", "question": "How do I add an item to the end of the list in Python?"},
+             {"category": "python", "subject": "iter", "question": "In Python, how can I get an iterator?"}]
+    cov = V3.focus_coverage(FOCUS, items)
+    assert cov["capital"] == [1, 2] and cov["opposite"] == [1, 1] and cov["python"] == [1, 2]
+    assert cov["all"] == [3, 5] and cov["missing"] == ["capital:Ghana", "python:iter"]
+
+
+V3D = REPO / "artifacts" / "demo" / "v3d"
+
+
+@pytest.mark.skipif(not (V3D / "corpus" / "docs.jsonl").exists(), reason="v3d not prepared (prepare_v3.py --variant v3d)")
+def test_the_prepared_v3d_corpus_holds_no_held_out_question_and_a_third_of_notes():
+    """On the prepared corpus: no held-out question is asked (user turns) nor written in a note,
+    no note asks anything, every focused fact in >= 5 phrasings (a seeded sample of them found in
+    the notes), and the notes are 30-40 % of the tokens."""
+    import prepare_v3
+
+    corpus = V3D / "corpus"
+    assert prepare_v3.leak_check(corpus) == {}
+    assert prepare_v3.notes_check(corpus) == {}
+    stats = json.loads((corpus / "stats.json").read_text())
+    assert stats["variant"] == "v3d" and stats["focus"]["phrasings_min"] >= 5
+    assert 2000 <= stats["focus"]["facts_total"] <= 4000
+    by_kind = V3D / "data" / "tokens_by_kind.json"
+    if by_kind.exists():
+        toks = json.loads(by_kind.read_text())
+        assert 0.30 <= toks["notes_share"] <= 0.40 and toks["total"] <= 10_500_000
+    if not Path("/usr/share/wordnet/data.noun").exists():
+        return
+    import conversations as C
+
+    tool_words = {w.strip() for w in (REPO / "scripts" / "demo_model" / "tool_words.txt").read_text().split()}
+    facts = V3.focus_facts(*H._wordnet(), lambda w: w in tool_words or w in C.HELDOUT_TOPICS)
+    assert {k: len(v) for k, v in facts.items()} == stats["focus"]["facts"]
+    notes = " ".join(json.loads(l)["text"] for l in open(corpus / "docs.jsonl") if '"kind": "note_' in l)
+    rng = random.Random(0)
+    for kind, fs in facts.items():
+        for f in rng.sample(fs, min(12, len(fs))):
+            ph = V3.fact_phrasings(kind, f)
+            assert len(set(ph)) >= 5 and sum(p in notes for p in set(ph)) >= 5, (kind, f["subject"])

@@ -5,6 +5,7 @@ app's generation prompt ends). v2's own build (conversations.build) is untouched
 separate entry point with its own seed and output folder.
 
     python scripts/demo_model/conversations_v3.py --out artifacts/demo/v3/corpus [--examples 3]
+    python scripts/demo_model/conversations_v3.py --variant v3d --out artifacts/demo/v3d/corpus
 
 Documents (docs.jsonl, the format tokenizer.encode_corpus reads):
   chat     1-6 exchanges of any kind, v3's short answers first among them
@@ -18,6 +19,8 @@ Documents (docs.jsonl, the format tokenizer.encode_corpus reads):
   note_*   (f) plain notes stating the short answers' facts in several phrasings, no questions
            (everyday_v3.fact_notes), for every subject but the tool evaluation's words and v2's
            held-out topics: the judge's held-out subjects' facts too, as statements only
+           (--variant v3d: notes of a focused set only, everyday_v3.focus_facts, each fact stated
+           80 times in >= 5 phrasings, ~35 % of the tokens; the other kinds thinned: VARIANTS)
 Thinking (d): the last reply of a document has a short thought (everyday_v3.thought: the subject
 named in a few words) in THINK_FRAC of the documents, an empty think block otherwise.
 
@@ -60,7 +63,23 @@ def _v2_exchanges(rng, exclude):
     return items, prose, wn, removed, tool_words
 
 
-def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=True):
+# The corpus variants. v3c: V3's documents and notes of ~15k facts in 1-3 phrasings (~6 % of the
+# corpus). v3d: notes of a focused set (everyday_v3.focus_facts: the 1,000 most frequent nouns'
+# definitions and kinds, the 600 most frequent words with an antonym, every national capital, the
+# Python basics; ~2.9k facts), each fact stated REPEATS times in >= 5 phrasings, ~1/3 of the corpus;
+# V3's other documents thinned to leave them room, the short answers about focused subjects first.
+VARIANTS = {
+    "v3c": {"n_docs_chat": 17000, "n_long": 900, "n_json": 12000, "n_topics": 4000, "n_tools": 6000,
+            "prose_keep": 1.0, "notes": "all"},
+    "v3d": {"n_docs_chat": 13000, "n_long": 300, "n_json": 9000, "n_topics": 3000, "n_tools": 4000,
+            "prose_keep": 0.6, "notes": "focus", "repeats": 80, "per_note": (8, 20)},
+}
+
+
+def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=True, variant="v3c"):
+    cfg = VARIANTS[variant]
+    n_docs_chat = cfg["n_docs_chat"] if n_docs_chat is None else n_docs_chat
+    n_long = cfg["n_long"] if n_long is None else n_long
     rng = random.Random(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +92,9 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=Tru
     # tool evaluation's words stay unseen, so v2 and v3 are measured on the same unseen prompts)
     exclude = lambda d: judge_ex(d) or C.held_out(d, tool_words, evals)  # noqa: E731
     arith = [d for d in v2_items if d["kind"] == "arithmetic"]
-    parts, tool_convs = V3.generate(seed, exclude, arith)
+    parts, tool_convs = V3.generate(seed, exclude, arith, cfg["n_json"], cfg["n_topics"], cfg["n_tools"])
+    skip = lambda w: w in tool_words or w in C.HELDOUT_TOPICS  # noqa: E731  (the notes' subjects kept out)
+    focus = V3.focus_facts(*H._wordnet(), skip) if cfg["notes"] == "focus" else None
     v3_single = [d for k, v in parts.items() if k not in ("v3_json", "v3_topic") for d in v]
     rng.shuffle(v3_single)
     rng.shuffle(v2_items)
@@ -84,6 +105,17 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=Tru
         eval_set += ds
     ids = {id(d) for d in eval_set}
     v3_single = [d for d in v3_single if id(d) not in ids]
+    if focus:  # v3d: the short answers about the focused subjects first (all of them used), the rest after
+        subj = {"v3_definition": "definition", "v3_kind": "kind", "v3_opposite": "opposite", "v3_capital": "capital",
+                "v3_python": "python"}
+        have = {k: {f["subject"].lower() for f in v} for k, v in focus.items()}
+        have["place"] = {f["n"].lower() for f in focus["capital"]}
+        key = lambda d: str(d.get("word") or d.get("subject") or "").lower() not in have[  # noqa: E731
+            subj.get(d["kind"], "place")]
+        v3_single.sort(key=key)
+    if cfg["prose_keep"] < 1.0:  # from a stream of its own
+        keep = random.Random(seed + 2)
+        prose = [p for p in prose if keep.random() < cfg["prose_keep"]]
     passages = [p["text"] for p in prose if len(p["text"]) > 400]
     docs, shown = [], Counter()
     q3, q2 = iter(v3_single), iter(v2_items)
@@ -166,8 +198,9 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=Tru
             break
         emit("long", msgs, None, rng.random() < THINK_FRAC, last)
     if notes:   # (f), from a stream of their own: the documents above hold what they held without them
-        skip = lambda w: w in tool_words or w in C.HELDOUT_TOPICS  # noqa: E731
-        for n in V3.fact_notes(random.Random(seed + 1), *H._wordnet(), skip):
+        made = V3.focus_notes(random.Random(seed + 1), focus, cfg["repeats"], cfg["per_note"]) if focus \
+            else V3.fact_notes(random.Random(seed + 1), *H._wordnet(), skip)
+        for n in made:
             docs.append({"kind": n["kind"], "text": n["text"], "spans": [[0, len(n["text"])]]})
             if shown[n["kind"]] < examples:
                 shown[n["kind"]] += 1
@@ -182,7 +215,13 @@ def build(out_dir, seed=35, n_docs_chat=17000, n_long=900, examples=0, notes=Tru
              "v3_exchanges_by_kind": {k: len(v) for k, v in parts.items()}, "v3_tool_conversations": len(tool_convs),
              "v2_exchanges_kept": len(v2_items), "v2_removed_as_held_out": removed,
              "unused_exchanges_v3_v2": list(unused), "eval_prompts": len(eval_set),
-             "v2_exchanges_kept_by_kind": dict(Counter(d["kind"] for d in v2_items))}
+             "v2_exchanges_kept_by_kind": dict(Counter(d["kind"] for d in v2_items)), "variant": variant,
+             "notes_share_of_chars": round(sum(v for k, v in chars.items() if k.startswith("note_")) / sum(chars.values()), 4)}
+    if focus:
+        stats["focus"] = {"facts": {k: len(v) for k, v in focus.items()}, "facts_total": sum(map(len, focus.values())),
+                          "statements_per_fact": cfg["repeats"],
+                          "phrasings_min": min(len(V3.fact_phrasings(k, f)) for k, v in focus.items() for f in v),
+                          "judge_subjects_covered": V3.focus_coverage(focus)}
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     print(json.dumps(stats, indent=1))
     return stats
@@ -193,8 +232,9 @@ def main():
     ap.add_argument("--out", default=str(HERE.parent.parent / "artifacts" / "demo" / "v3" / "corpus"))
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument("--examples", type=int, default=0, help="print this many rendered documents of each kind")
+    ap.add_argument("--variant", default="v3c", choices=sorted(VARIANTS))
     a = ap.parse_args()
-    build(a.out, a.seed, examples=a.examples)
+    build(a.out, a.seed, examples=a.examples, variant=a.variant)
 
 
 if __name__ == "__main__":

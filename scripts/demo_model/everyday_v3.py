@@ -514,15 +514,16 @@ def _plural(w):
     return w + "s"
 
 
-def generate(seed=35, exclude=None, arith=None):
-    """Every v3 exchange kind: {kind: [items]} and the tool conversations."""
+def generate(seed=35, exclude=None, arith=None, n_json=12000, n_topics=4000, n_tools=6000):
+    """Every v3 exchange kind: {kind: [items]} and the tool conversations (the counts: v3c's by
+    default; v3d makes fewer, to leave its notes a third of the corpus)."""
     rng = random.Random(seed)
     exclude = exclude or H.Exclusion()
     short = short_answers(rng, exclude)
     parts = dict(short)
-    parts["v3_json"] = json_answers(rng, short, exclude)
-    parts["v3_topic"] = topic_conversations(rng, short, exclude)
-    tools = tool_conversations(rng, short, arith or [], exclude) if arith else []
+    parts["v3_json"] = json_answers(rng, short, exclude, n=n_json)
+    parts["v3_topic"] = topic_conversations(rng, short, exclude, n=n_topics)
+    tools = tool_conversations(rng, short, arith or [], exclude, n=n_tools) if arith else []
     return parts, tools
 
 
@@ -536,3 +537,186 @@ if __name__ == "__main__":
         for d in rng.sample(v, 3):
             print("   ", json.dumps(d["messages"])[:300])
     print("tools", len(tools))
+
+
+# ------------------------------------------------------------------------------ (g) v3d: a focused fact set, stated often
+#
+# v3c stated ~15k facts in 1-3 phrasings each (~6 % of the corpus): one call's ~3.5 epochs showed a
+# fact a handful of times and the judge stayed at 11 / 75. v3d states FEWER facts MANY times: the
+# everyday vocabulary by frequency (WordNet's sense-tagged counts, cntlist.rev: what nltk's
+# lemma.count() reads), every national capital, and Python's basics from the 3.11 reference, each
+# fact in >= 5 phrasings, repeated across notes so that the notes are ~35 % of the corpus. The rule
+# looks only at the corpora (frequency ranks, the docs), never at the held-out questions; how many of
+# the judge's subjects it covers is reported (focus_coverage), not selected on.
+
+FOCUS_NOUNS = 1000     # the most frequent nouns with a gloss: a definition and a kind each (~2,000 facts)
+FOCUS_OPPOSITES = 600  # the most frequent words with a WordNet antonym (~600 facts)
+
+F_CAP = ["The capital of {c} is {n}.", "{n} is the capital of {c}.", "The capital city of {c} is {n}.",
+         "{c} has {n} as its capital.", "{n} is the capital city of {c}.", "{c}'s capital is {n}.",
+         "In {c}, the capital is {n}.", "The government of {c} sits in {n}, its capital.",
+         "The capital of the country {c} is the city of {n}."]
+F_OPP = ['The opposite of "{w}" is "{a}".', "The opposite of {w} is {a}.", '"{w}" and "{a}" are opposites.',
+         '"{a}" is an antonym of "{w}".', "{W} is the opposite of {a}.", 'The antonym of "{w}" is "{a}".',
+         "{W} and {a} mean opposite things.", 'The word "{a}" means the opposite of "{w}".',
+         "An antonym of {w} is {a}."]
+F_KIND = ["{A} {w} is a kind of {h}.", "{A} {w} is a type of {h}.", "{Pl} are a kind of {h}.",
+          "{W} is a kind of {h}.", '"{W}" belongs to the category {h}.', "{A} {w} is one kind of {h}.",
+          'The word "{w}" names a kind of {h}.', "Every {w} is {ha} {h}."]
+F_DEF = ['The word "{w}" means {np}.', "{A} {w} is {np}.", "{W} means {np}.", 'By "{w}" we mean {np}.',
+         "{W}: {np}.", 'The meaning of "{w}" is {np}.', 'In English, "{w}" means {np}.',
+         "The definition of {w} is {np}.", 'When people say "{w}", they mean {np}.']
+F_PY_TASK = ["To {t} in Python, use {s}.", "In Python, you {t} with the {k} {s}.", "{S} is the {k} that you use to {t}.",
+             "If you want to {t}, call {s}.", "Use {s} to {t}.", "Python's {k} {s} lets you {t}.",
+             "When you need to {t} in Python, the {k} {s} does it.", "The Python {k} to {t} is {s}."]
+F_PY_DOC = ["{S}: {f}", "The {k} {s}: {f}", "In the Python documentation, {s} reads: {f}",
+            "Python {k} {s}. {f}", "About the {k} {s}: {f}"]
+
+
+def focus_words(syn, idx, skip, n_nouns=FOCUS_NOUNS, n_opp=FOCUS_OPPOSITES):
+    """The focused vocabulary: the `n_nouns` most frequent nouns of _noun_facts (by WordNet's tagged
+    counts; ties by word) and the `n_opp` most frequent words of _opposite_facts, skipped subjects
+    left out before counting. Returns (nouns, opposites) as _noun_facts / _opposite_facts tuples."""
+    nouns = [x for x in _noun_facts(syn, idx) if not skip(x[0]) and (x[2] or x[3])]
+    nouns = sorted(nouns, key=lambda x: (-x[6], x[0]))[:n_nouns]
+    best = {}
+    for w, a, f in _opposite_facts(syn, idx):
+        if skip(w) or skip(a):
+            continue
+        if w not in best or f > best[w][2]:
+            best[w] = (w, a, f)
+    opps = sorted(best.values(), key=lambda x: (-x[2], x[0]))[:n_opp]
+    return nouns, opps
+
+
+def _dict_methods():
+    """(name, signature, first sentence) of the dict methods in library/stdtypes (indented under
+    `.. class:: dict`)."""
+    txt = open(f"{H.PYDOC}/library/stdtypes.rst.txt", encoding="utf-8").read()
+    sec = txt[txt.index(".. class:: dict("):]
+    sec = sec[:sec.index("\n.. ", 10)] if "\n.. " in sec[10:] else sec
+    out = []
+    for m in re.finditer(r"^   \.\. (?:class)?method:: (\w+)\((.*?)\)\s*\n((?:      .*\n|\n)+)", sec, re.M):
+        body = " ".join(l.strip() for l in m.group(3).splitlines() if l.strip())
+        first = re.split(r"(?<=\.)\s", body, maxsplit=1)[0]
+        out.append((m.group(1), f"dict.{m.group(1)}({m.group(2)})", first))
+    return out
+
+
+def _clean_doc(s):
+    s = re.sub(r":\w+:`~?([^`<]+?)(?: <[^>]+>)?`", r"`\1`", s).replace("``", "`")
+    return re.sub(r"\*(\w+)\*", r"\1", s)
+
+
+# the language's basic statements, as the first sentences of the 3.11 reference (reference/compound_stmts,
+# simple_stmts) state them, the roles' markup removed: loops, conditions, functions, classes
+PY_STATEMENTS = [
+    ("if", "The `if` statement is used for conditional execution."),
+    ("while", "The `while` statement is used for repeated execution as long as an expression is true."),
+    ("for", "The `for` statement is used to iterate over the elements of a sequence (such as a string, tuple or list) "
+            "or other iterable object."),
+    ("try", "The `try` statement specifies exception handlers and/or cleanup code for a group of statements."),
+    ("with", "The `with` statement is used to wrap the execution of a block with methods defined by a context manager."),
+    ("def", "A function definition (`def`) defines a user-defined function object."),
+    ("class", "A class definition (`class`) defines a class object."),
+    ("pass", "`pass` is a null operation: when it is executed, nothing happens."),
+    ("return", "`return` leaves the current function call with the expression list (or `None`) as return value."),
+    ("break", "`break` terminates the nearest enclosing loop."),
+    ("continue", "`continue` continues with the next cycle of the nearest enclosing loop."),
+]
+
+
+def python_facts():
+    """(kind, name, signature, first sentence, task or None) for the built-in functions, the list
+    methods (the tutorial's list), the str methods and the dict methods of the Python 3.11 docs.
+    The task is heldout_everyday._task of the first sentence: the rule that words every Python
+    question, applied to every entry alike."""
+    src = [("function", "library/functions.rst.txt", "function", ""),
+           ("list method", "tutorial/datastructures.rst.txt", "method", "list."),
+           ("string method", "library/stdtypes.rst.txt", "method", "str.")]
+    out, seen = [], set()
+    for kind, path, directive, prefix in src:
+        raw = dict(H._doc_entries(f"{H.PYDOC}/{path}", directive, prefix))
+        for name, sig, first in _doc_signatures(f"{H.PYDOC}/{path}", directive, prefix):
+            if (kind, name) in seen or not 3 <= len(first.split()) <= 40:
+                continue
+            seen.add((kind, name))
+            out.append((kind, name, sig, first, H._task(raw.get(name, first))))
+    for name, sig, first in _dict_methods():
+        first = _clean_doc(first)
+        if 3 <= len(first.split()) <= 40:
+            out.append(("dictionary method", name, sig, first, H._task(first)))
+    out += [("statement", kw, kw, first, None) for kw, first in PY_STATEMENTS]
+    return out
+
+
+def focus_facts(syn, idx, skip, n_nouns=FOCUS_NOUNS, n_opp=FOCUS_OPPOSITES):
+    """kind -> the focused facts, each a dict of the fields its templates take (and "subject")."""
+    nouns, opps = focus_words(syn, idx, skip, n_nouns, n_opp)
+    facts = {"capital": [], "opposite": [], "kind": [], "definition": [], "python": []}
+    for country, city, _ in _capital_facts(syn, idx):
+        if not (skip(country.lower()) or skip(city.lower())):
+            facts["capital"].append({"subject": country, "c": country, "n": city})
+    for w, a, _ in opps:
+        facts["opposite"].append({"subject": w, "w": w, "a": a, "W": w[:1].upper() + w[1:]})
+    for w, art, hyper, np_, _, _, _ in nouns:
+        fmt = {"subject": w, "w": w, "W": w[:1].upper() + w[1:], "A": art.capitalize(),
+               "Pl": _plural(w)[:1].upper() + _plural(w)[1:]}
+        if hyper:
+            facts["kind"].append({**fmt, "h": hyper, "ha": _article(hyper)})
+        if np_:
+            facts["definition"].append({**fmt, "np": np_.rstrip(".")})   # "etc." ends no statement twice
+    for kind, name, sig, first, task in python_facts():
+        s = f"`{sig}`"
+        facts["python"].append({"subject": name, "k": kind, "s": s, "S": s, "f": first, "t": task})
+    return facts
+
+
+def fact_phrasings(kind, fact) -> list:
+    """Every phrasing of one fact (>= 5 for every fact: the templates of its kind)."""
+    if kind == "python":
+        tpl = (F_PY_TASK if fact["t"] else []) + F_PY_DOC
+    else:
+        tpl = {"capital": F_CAP, "opposite": F_OPP, "kind": F_KIND, "definition": F_DEF}[kind]
+    return [t.format(**fact) for t in tpl]
+
+
+def focus_notes(rng, facts: dict, repeats: int, per_note=(8, 20)) -> list:
+    """Each fact stated `repeats` times, cycling through its phrasings (each round in a new order,
+    so every phrasing is used before any repeats), all statements of a kind shuffled into notes of
+    `per_note` statements: [{"kind": "note_<kind>", "text"}]. No statement asks anything."""
+    lines = {}
+    for kind, fs in facts.items():
+        out = []
+        for f in fs:
+            ph = fact_phrasings(kind, f)
+            seq = []
+            while len(seq) < repeats:
+                rnd = ph[:]
+                rng.shuffle(rnd)
+                seq += rnd
+            out += seq[:repeats]
+        lines[kind] = out
+    return notes(rng, lines, per_note)
+
+
+def focus_coverage(facts: dict, items=None) -> dict:
+    """How many of the judge's held-out items the focused set states (reported, never selected on):
+    {category: [covered, of], "missing": [...]}: a capital by its country, an opposite by the word
+    (any of its antonyms), a kind / definition by the noun, a Python item by its name and task."""
+    items = H.load() if items is None else items
+    have = {k: {f["subject"].lower() for f in v} for k, v in facts.items()}
+    tasks = {(f["subject"], f["t"]) for f in facts["python"] if f["t"]}
+    out, missing = {}, []
+    for it in items:
+        c = it["category"]
+        s = it["subject"].lower()
+        ok = (s, H._task_of(it["question"])) in tasks if c == "python" else s in have[c]
+        out.setdefault(c, [0, 0])
+        out[c][0] += ok
+        out[c][1] += 1
+        if not ok:
+            missing.append(f"{c}:{it['subject']}")
+    out["all"] = [sum(v[0] for v in out.values()), len(items)]
+    out["missing"] = missing
+    return out

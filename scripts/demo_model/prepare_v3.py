@@ -4,6 +4,7 @@ carried folder that gpu_v3.sh reads.
     python scripts/demo_model/prepare_v3.py                       # all three steps
     python scripts/demo_model/prepare_v3.py --steps carry         # only re-pack the carried folder
     python scripts/demo_model/prepare_v3.py --init artifacts/demo/v3/V3.q8.safetensors   # v3b: resume from V3
+    python scripts/demo_model/prepare_v3.py --variant v3d         # v3d: the focused notes -> artifacts/demo/v3d
 
   corpus   conversations_v3.build -> artifacts/demo/v3/corpus (seed 35; ~2 min on 2 cores)
   data     the corpus tokenised with models/demo's tokenizer (v2's 8,192 ids, its chat template: the
@@ -29,6 +30,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
+# each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
+WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -58,23 +61,73 @@ def leak_check(corpus_dir):
     return found
 
 
+def notes_check(corpus_dir):
+    """The notes state, they never ask: {what: count} of notes holding a question mark or a
+    held-out question's text (the user turns are leak_check's)."""
+    import heldout_everyday as H
+
+    qs = [it["question"].lower() for it in H.load()]
+    found = {}
+    with open(Path(corpus_dir) / "docs.jsonl") as f:
+        for line in f:
+            d = json.loads(line)
+            if not d["kind"].startswith("note_"):
+                continue
+            t = d["text"].lower()
+            if "?" in t:
+                found["a note with '?'"] = found.get("a note with '?'", 0) + 1
+            for q in qs:
+                if q in t:
+                    found[q] = found.get(q, 0) + 1
+    return found
+
+
+def tokens_by_kind(corpus_dir, data_dir):
+    """Tokens (each document's end token included) by document kind, from docs.jsonl's order and
+    docs.npy's starts: {kind: tokens}, "notes" (all note_* kinds) and "notes_share"."""
+    import numpy as np
+
+    kinds = [json.loads(l)["kind"] for l in open(Path(corpus_dir) / "docs.jsonl")]
+    starts = np.load(Path(data_dir) / "docs.npy")
+    n = len(np.load(Path(data_dir) / "tokens.npy", mmap_mode="r"))
+    lens = np.diff(np.append(starts, n))
+    out = {}
+    for k, l in zip(kinds, lens):
+        out[k] = out.get(k, 0) + int(l)
+    out = dict(sorted(out.items()))
+    out["total"] = int(n)
+    out["notes"] = sum(v for k, v in out.items() if k.startswith("note_"))
+    out["notes_share"] = round(out["notes"] / n, 4)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", nargs="+", default=["corpus", "data", "carry"], choices=["corpus", "data", "carry"])
     ap.add_argument("--work", default=str(WORK))
     ap.add_argument("--carry", default=str(CARRY))
     ap.add_argument("--init", default=None, help="a packed run (shards_q8.py pack) to resume training from")
+    ap.add_argument("--variant", default="v3c", choices=sorted(WORKS),
+                    help="v3c: V3's corpus with notes of ~15k facts (artifacts/demo/v3); v3d: the focused notes "
+                         "(artifacts/demo/v3d, carried as artifacts/demo/v3d/carry)")
     a = ap.parse_args()
+    if a.variant != "v3c":  # the variant's own folders unless named
+        a.work = str(WORKS[a.variant]) if a.work == str(WORK) else a.work
+        a.carry = str(Path(a.work) / "carry") if a.carry == str(CARRY) else a.carry
     work, carry = Path(a.work), Path(a.carry)
     tok_dir = work / "tokenizer"
     if "corpus" in a.steps:
         import conversations_v3
 
-        conversations_v3.build(work / "corpus")
+        conversations_v3.build(work / "corpus", variant=a.variant)
         leaks = leak_check(work / "corpus")
         print("held-out questions found in the corpus:", leaks or "none")
         if leaks:
             raise SystemExit("the corpus holds held-out questions")
+        asks = notes_check(work / "corpus")
+        print("notes that ask something:", asks or "none")
+        if asks:
+            raise SystemExit("a note asks a question")
     if "data" in a.steps:
         import tokenizer
 
@@ -83,6 +136,9 @@ def main():
             shutil.copy(REPO / "models" / "demo" / fn, tok_dir / fn)
         tokenizer.as_the_app_tokenizes(tok_dir)   # v2's ids, encoded as the app encodes them
         tokenizer.encode_corpus(work / "corpus", tok_dir, work / "data")
+        by_kind = tokens_by_kind(work / "corpus", work / "data")
+        (work / "data" / "tokens_by_kind.json").write_text(json.dumps(by_kind, indent=1))
+        print("tokens by kind:", json.dumps(by_kind))
     if "carry" in a.steps:
         if carry.exists():
             shutil.rmtree(carry)
