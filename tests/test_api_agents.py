@@ -308,3 +308,41 @@ def _answer(conv, messages: list, r, k: int) -> None:
     conv.result(f"sunny {k}")
     messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                  {"role": "tool", "tool_call_id": call.id, "content": f"sunny {k}"}]
+
+
+def test_a_replys_snapshot_goes_before_the_background_work_waiting(server, monkeypatch):
+    """The cost model's measures and the disk's writes wait for idle time too. A reply's snapshot
+    goes before them: an agent's next call comes ~0.1 s after the reply, and behind them the
+    snapshot had not started by then, so that call prefilled the reply again (the agent session
+    on the H200 and on the CPU, docs/bench/2026-12-03/GPU.md section 16)."""
+    import threading
+
+    import core.stream
+
+    url, host = server
+    assert host.histories.wait(30)
+    host.histories.grace = 0.0
+    order, real = [], core.stream.history_steps
+
+    def recorded(*args, **kwargs):
+        order.append("snapshot")
+        return (yield from real(*args, **kwargs))
+
+    def background():
+        for i in range(3):
+            order.append(f"background {i}")
+            time.sleep(0.02)
+            yield
+
+    monkeypatch.setattr(core.stream, "history_steps", recorded)
+    gate = threading.Event()
+    host.worker.later(gate.wait, 30)         # the model busy: both wait for its idle time
+    host.worker.in_idle_time(background())   # queued first
+    host.remember([{"role": "user", "content": ASK}, {"role": "assistant", "content": "Sunny everywhere."}],
+                  tools=WEATHER, enable_thinking=False)
+    gate.set()
+    assert host.histories.wait(30)
+    deadline = time.monotonic() + 30
+    while len(order) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert order == ["snapshot", "background 0", "background 1", "background 2"]

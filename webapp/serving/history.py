@@ -125,8 +125,11 @@ class HistorySnapshots:
             pending.queued = True
         if pending.stop.is_set():
             self._done(pending)
-        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole snapshot
-            self.worker.in_idle_time(self._take(pending) for _ in range(1))
+        else:   # when the model is idle (no call waiting, no reply streaming): one slice, the whole
+            # snapshot, before the background work waiting (the disk's writes, the cost model's
+            # measures): behind them it had not started when an agent's next call came ~0.1 s
+            # after the reply, which then prefilled the reply again (GPU.md section 16)
+            self.worker.in_idle_time((self._take(pending) for _ in range(1)), first=True)
 
     def _take(self, pending: Pending) -> None:
         """On the model thread: the snapshot, a prefill chunk at a time (a request that begins

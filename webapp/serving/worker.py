@@ -103,9 +103,10 @@ class ModelWorker:
             self.idle_slices += 1
             self.events.append(("slice", self.idle_slices))
 
-    def in_idle_time(self, work: Iterator[Any]) -> None:
-        """Run `work` (an iterator: each next() is one short slice) when the model is idle."""
-        self.later(self._idle.append, work)  # queued behind what is waiting now, on the model thread
+    def in_idle_time(self, work: Iterator[Any], first: bool = False) -> None:
+        """Run `work` (an iterator: each next() is one short slice) when the model is idle, after
+        the background work waiting now, or (`first`) before it."""
+        self.later(self._idle.appendleft if first else self._idle.append, work)  # on the model thread
 
     def _stream_opened(self, stream) -> None:
         with self._lock:
