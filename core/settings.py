@@ -70,10 +70,6 @@ class Settings(BaseSettings):
     # prefill faster and hold more memory while they run (H200, 9B shape, 8k tokens: 5,821 tok/s and
     # 8.8 GB peak at 512; 6,607 tok/s and 12.4 GB at 1024: docs/bench/2026-12-02/gpu-s4-prefill-9b.json).
     prefill_chunk: int = Field(512, ge=16, le=8192)
-    # A chunk shorter than prefill_chunk is a multiple of this many tokens, then what is left (core/
-    # stream.py's CHUNK_STEP: a GPU meets each length once, at the warm-up). None: 16 on a GPU, off
-    # on the CPU; 0: off.
-    prefill_chunk_step: Optional[int] = Field(None, ge=0, le=8192)
     # Caps the context below the model's own (max_position_embeddings), in tokens; None = the model's.
     max_context: Optional[int] = Field(None, ge=64)
     # Reasoning templates (enable_thinking): True / False, or None = the template's default.

@@ -34,13 +34,6 @@ def set_prefill_chunk(tokens: int) -> None:
 # length, and both lanes prefill alike, so greedy MTP == AR is untouched. Five: a verify's width at
 # depth 4, whose kernels a GPU's warm-up has built (wider ones would compile on first use).
 SHORT_CHUNK = 5
-# A chunk's length, where not the whole chunk: a multiple of this many tokens, then what is left
-# (chunk_ends). Why: on the H200 a chunk length's first use in a process costs MLX's submit 45-87 ms
-# against 10-12 ms later (docs/bench/2026-12-03/GPU.md, section 15), and an agent's every turn ends
-# in a remainder of a new length; in steps of 16 a 512-token chunk's lengths are 42, which the
-# warm-up runs once (warm_chunk_lengths). None: on a GPU only (on the CPU no length costs more
-# the first time, and a chunk more is host work); 0 turns it off, a number forces that step.
-CHUNK_STEP: Optional[int] = None
 # Chunks overlap: the device runs one while the host builds the next (prefill_chunks). None: on a
 # GPU only (on the CPU the "device" is the host's own cores: 2.4 % slower on the demo model, 2k
 # tokens on 2 cores); True / False force it either way.
@@ -216,67 +209,16 @@ def prefill_chunks(adapter, prompt: Prompt, cache, draft, prefix_cache=None,
     return Prefilled(logits[:, -1], h_last, start, L - start, parts)
 
 
-def set_chunk_step(step: Optional[int]) -> None:
-    """The process's CHUNK_STEP (settings.prefill_chunk_step; None: the device's default)."""
-    global CHUNK_STEP
-    if step is not None and not 0 <= int(step) <= 8192:
-        raise ValueError(f"a prefill chunk step of {step} tokens: give 0-8192 (MTP_CHAT_PREFILL_CHUNK_STEP)")
-    CHUNK_STEP = None if step is None else int(step)
-
-
-def chunk_step() -> int:
-    return CHUNK_STEP if CHUNK_STEP is not None else (16 if mx.default_device() != mx.cpu else 0)
-
-
-def chunk_ends(start: int, end: int, marks: Sequence[int], chunk: int, step: Optional[int] = None) -> List[int]:
-    """Where a prefill's chunks end, from `start` to `end`: at every mark and at `end`; between two of
-    them every `chunk` tokens, then (step > 0, CHUNK_STEP) the rest as its largest multiple of `step`
-    and what is left. Every chunk's length is then one of chunk_lengths(chunk, step), whatever the
-    prompt, so a GPU meets no new length after its warm-up (warm_chunk_lengths)."""
-    step = chunk_step() if step is None else step
+def chunk_ends(start: int, end: int, marks: Sequence[int], chunk: int) -> List[int]:
+    """Where a prefill's chunks end, from `start` to `end`: at every mark and at `end`, and between
+    two of them every `chunk` tokens counted from the first (a restored prompt's chunks after a
+    mark are then the ones a fresh prefill runs there)."""
     ends, a = [], start
     for b in sorted(set(marks) | {end}):
         ends += range(a + chunk, b, chunk)
-        a = ends[-1] if ends and ends[-1] > a else a
-        if step and b - a > step and (b - a) % step:
-            ends.append(b - (b - a) % step)
         ends.append(b)
         a = b
     return ends
-
-
-def chunk_lengths(chunk: int, step: int) -> List[int]:
-    """Every length chunk_ends can give a chunk (with step 0 any length up to `chunk` can come)."""
-    if not step:
-        return [chunk]
-    return sorted(set(range(1, min(step, chunk + 1))) | set(range(step, chunk, step)) | {chunk})
-
-
-def warm_chunk_lengths(adapter, pool: Sequence[int], chunk: int = 0, depth: int = 4096) -> int:
-    """Every chunk length a prefill can take here (chunk_lengths) run once through the engine's own
-    prefill and dropped, at start-up: an agent's turn then meets no length for the first time.
-    Nothing of it stays. `pool`: token ids to repeat; the context restarts every `depth` tokens (a
-    small model's window). Returns the tokens run (0 where CHUNK_STEP is off, as on the CPU)."""
-    chunk = chunk or PREFILL_CHUNK
-    step = chunk_step()
-    if not step:
-        return 0
-    groups, group = [], []
-    for n in chunk_lengths(chunk, step):
-        if group and sum(group) + n > depth:
-            groups.append(group)
-            group = []
-        group.append(n)
-    groups.append(group)
-    pool = [t for t in pool if t >= 0] or [0]
-    for group in groups:   # each group's lengths as its chunks: its marks end them there
-        n = sum(group)
-        marks = tuple(sum(group[:i + 1]) for i in range(len(group) - 1))
-        cache = adapter.make_cache()
-        done = prefill(adapter, Prompt(tuple((pool * (n // len(pool) + 1))[:n]), marks), cache,
-                       adapter.make_draft(cache), chunk=chunk)
-        mx.eval(done.logits)
-    return sum(map(sum, groups))
 
 
 def rehearse(adapter, snap: Snapshot, new: int = 64) -> int:

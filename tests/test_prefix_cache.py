@@ -298,51 +298,24 @@ def test_overlapping_chunks_compute_what_chunks_one_after_another_do(adapter, mo
     assert all(bool(mx.array_equal(a, b)) for a, b in zip(flat(got[True]), flat(got[False])))
 
 
-def test_chunk_ends_give_only_the_planned_lengths():
-    """core.stream.chunk_ends: chunks end at every mark and at the end, every `chunk` tokens
-    counted from the last mark, and with a step the rest as a multiple of it then what is left:
-    every length is one of chunk_lengths, whatever the prompt and its marks."""
+
+def test_chunks_end_at_every_mark_and_every_chunk_after_it():
+    """core.stream.chunk_ends: chunks end at every mark and at the end, and every `chunk` tokens
+    counted from the last mark (so a prompt restored at a mark runs the chunks a fresh prefill
+    runs after it)."""
     import random
 
-    from core.stream import chunk_ends, chunk_lengths
+    from core.stream import chunk_ends
 
-    assert chunk_ends(0, 2000, [1200, 1995], 512, 0) == [512, 1024, 1200, 1712, 1995, 2000]
-    assert chunk_ends(0, 2000, [1200, 1995], 512, 16) == [512, 1024, 1200, 1712, 1984, 1995, 2000]
-    # an agent's turn: 886 new tokens after a snapshot, its generation prompt's mark 5 before the end
-    assert chunk_ends(20769, 21660, [21655], 512, 16) == [21281, 21649, 21655, 21660]
-    assert chunk_lengths(64, 16) == list(range(1, 17)) + [32, 48, 64] and len(chunk_lengths(512, 16)) == 47
+    assert chunk_ends(0, 2000, [], 512) == [512, 1024, 1536, 2000]
+    assert chunk_ends(0, 2000, [1200, 1995], 512) == [512, 1024, 1200, 1712, 1995, 2000]
+    assert chunk_ends(1200, 2000, [1995], 512) == [1712, 1995, 2000]   # restored at 1200: the same ends
     rng = random.Random(0)
     for _ in range(500):
         end = rng.randint(1, 3000)
         start = rng.randint(0, end - 1)
         marks = sorted(rng.sample(range(start + 1, end), min(3, end - start - 1)))
-        for chunk, step in ((512, 16), (64, 16), (16, 16), (17, 16), (100, 32), (512, 0)):
-            ends = chunk_ends(start, end, marks, chunk, step)
+        for chunk in (16, 64, 512):
+            ends = chunk_ends(start, end, marks, chunk)
             assert ends == sorted(set(ends)) and ends[-1] == end and set(marks) <= set(ends)
-            lengths = [b - a for a, b in zip([start] + ends, ends)]
-            assert all(0 < n <= chunk for n in lengths)
-            assert not step or set(lengths) <= set(chunk_lengths(chunk, step)), (chunk, step, lengths)
-
-
-def test_planned_chunk_lengths_keep_replies_and_are_each_run_once_at_warm_up(adapter, monkeypatch):
-    """With the GPU's chunk plan forced on the CPU (steps of 4, chunks of 16): greedy replies are
-    the same with and without the prefix cache, MTP's equal AR's, and warm_chunk_lengths runs
-    every length the plan can give exactly once, keeping nothing (0 where the plan is off)."""
-    import core.stream
-    from core.stream import chunk_lengths, warm_chunk_lengths
-
-    monkeypatch.setattr(core.stream, "PREFILL_CHUNK", 16)
-    assert warm_chunk_lengths(adapter, [5, 6, 7]) == 0   # the CPU's default: no plan, nothing to warm
-    monkeypatch.setattr(core.stream, "CHUNK_STEP", 4)
-    runs = {}
-    for kind in ("ar", "mtp2"):
-        with_cache, _, asked = conversation(adapter, kind, PrefixCache(2**30))
-        fresh, _, _ = conversation(adapter, kind, None)
-        assert_turns_equal(adapter, asked, with_cache, fresh)
-        runs[kind] = fresh
-    assert_turns_equal(adapter, asked, runs["mtp2"], runs["ar"])
-    seen = []
-    forward = adapter.forward
-    monkeypatch.setattr(adapter, "forward", lambda ids, *a, **kw: (seen.append(ids.shape[1]), forward(ids, *a, **kw))[1])
-    assert warm_chunk_lengths(adapter, [5, 6, 7], depth=30) == sum(chunk_lengths(16, 4)) == 46
-    assert sorted(seen) == chunk_lengths(16, 4) == [1, 2, 3, 4, 8, 12, 16]
+            assert all(0 < b - a <= chunk for a, b in zip([start] + ends, ends))

@@ -54,10 +54,9 @@ class ModelHost:
         self.max_depth = int(settings.max_depth)
         self.ar_references = ArReferences()
         from core import PrefixCache, context_window, markers_for
-        from core.stream import set_chunk_step, set_prefill_chunk
+        from core.stream import set_prefill_chunk
 
         set_prefill_chunk(int(getattr(settings, "prefill_chunk", 512)))
-        set_chunk_step(getattr(settings, "prefill_chunk_step", None))
 
         mb = int(getattr(settings, "prefix_cache_mb", 0) or 0)
         self.prefix_cache = PrefixCache(mb * 2**20, disk=self._disk_cache(log),
@@ -331,11 +330,6 @@ class ModelHost:
             self.worker.call(lambda: prepare(range(2, self.max_depth + 2), sequences))
         for mode in ("ar", "mtp"):
             self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
-        from core.stream import warm_chunk_lengths   # a GPU's every prefill chunk length, met once now
-
-        tc = time.perf_counter()
-        warmed = self.worker.call(lambda: warm_chunk_lengths(self.adapter, ids))
-        chunks = f"; prefill chunk lengths in {time.perf_counter() - tc:.1f} s" if warmed else ""
         ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])
         _, stats = self.worker.call(lambda: self.decoder("ar", params).generate(ref, max_tokens=2 * tokens))
         self.note_ar_speed(params, len(ref), stats.tokens_per_second, stats.generated_tokens)
@@ -344,7 +338,7 @@ class ModelHost:
         if self.calibration.needed(64):
             log(f"Warm-up: replies done in {t1 - t0:.1f} s; measuring the cost model ...")
         measured = self.calibration.measure_now(64)
-        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s{chunks}"
+        log(f"Warm-up done in {time.perf_counter() - t0:.1f} s (AR {stats.tokens_per_second:.1f} tok/s"
             + (f"; the cost model measured in {time.perf_counter() - t1:.1f} s)" if measured else ")"))
 
     # --- the AR speed the chat's speedup estimate compares against (webapp/serving/ar_reference.py) --
