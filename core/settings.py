@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     # the rest), "swiglu" (the MLP's activation read inside down_proj), "verify-submit" (the same
     # as "submit" for a verify's forward alone, where the device waits for it after the cycle's
     # sync; the AR step, queued while the one before runs, keeps one submit; a verify of several
-    # sequences is handed every 8 layers by default, since section 15), "batch-verify-wait" (that
+    # sequences is handed every 8 layers by default, since section 16), "batch-verify-wait" (that
     # default off, to pair it). Each keeps every row's bits
     # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of

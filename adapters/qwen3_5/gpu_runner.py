@@ -73,8 +73,9 @@ class GpuKernels(MlxOps):
     submit_every = 0
     swiglu_mlp = False
     # A verify of several sequences goes to the GPU every 8 layers (the "submit" trial's way, for
-    # it alone): +8-15 % MTP aggregate at 4 requests on the H200, where one sequence's verify
-    # lost ~8 % (docs/bench/2026-12-03/GPU.md, section 15). "batch-verify-wait" turns it off.
+    # it alone): MTP's aggregate at 4 requests on the H200 +14 % on the means of 4 pairs, ahead in 5
+    # of 6 pairs, where one sequence's verify lost ~8 % (docs/bench/2026-12-03/GPU.md, sections 15
+    # and 16). "batch-verify-wait" turns it off.
     submit_batch_verify_every = 8
 
     def linear(self, m, x):
