@@ -19,5 +19,5 @@ for k in 1 2 3; do
 T "$PY scripts/bench/bench_batch.py --model $C --requests 1 4 --tokens 256 --repeats 5 --long-prompt 0 --streams 0 --lanes ar --json $O/batch_ar_256_$k.json 2>&1 | grep -v 'regex pattern' | tail -n 3" 150
 done
 say AR and mlx_lm at depth 2
-T "$PY scripts/bench/bench.py --model $C --depth 2 --max-tokens 128 --repeats 3 --json $O/bench_d2_t0.json 2>&1 | grep -v 'regex pattern' | tail -n 4" 240
+T "$PY scripts/bench/bench.py --model $C --depth 2 --temperature 0 --max-tokens 128 --repeats 3 --json $O/bench_d2_t0.json 2>&1 | grep -v 'regex pattern' | tail -n 4" 240
 say all done
