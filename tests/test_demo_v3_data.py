@@ -297,3 +297,157 @@ def test_the_prepared_v3d_corpus_holds_no_held_out_question_and_a_third_of_notes
         for f in rng.sample(fs, min(12, len(fs))):
             ph = V3.fact_phrasings(kind, f)
             assert len(set(ph)) >= 5 and sum(p in notes for p in set(ph)) >= 5, (kind, f["subject"])
+
+
+# ------------------------------------------------------------------------------ v3e: binding drills, tools back
+
+HELD = {"spain", "madrid", "harbor", "append", "late"}
+
+
+def test_binding_drills_ask_each_fact_many_ways_restate_the_subject_and_skip_held_out_subjects():
+    """v3e: every focused fact of a subject outside the held-out set is asked DRILL_ASKS times in
+    different phrasings, each answer starting with the asked subject; no drill names a held-out
+    subject (of any category: "late" is an antonym subject, so "early"'s opposite is not asked)."""
+    facts = {**FOCUS, "capital": FOCUS["capital"] + [{"subject": "Kenya", "c": "Kenya", "n": "Nairobi"}],
+             "definition": FOCUS["definition"] + [{"subject": "violin", "w": "violin", "W": "Violin", "A": "A",
+                                                  "Pl": "Violins", "np": "a bowed stringed instrument"}]}
+    made = lambda s: V3.binding_drills(random.Random(s), facts, HELD, EXCLUDE)  # noqa: E731
+    drills = made(0)
+    assert made(0) == drills and made(1) != drills
+    held_re = re.compile(r"\b(" + "|".join(HELD) + r")\b", re.I)
+    by = {}
+    for d in drills:
+        q, a = d["messages"]
+        assert not held_re.search(q), q
+        s = d.get("word") or d.get("subject")
+        by.setdefault((d["kind"], s), []).append(d)
+        if d["kind"] == "v3_python":
+            assert a.startswith(("To get", "To ", "`iter", "The function `iter")) and "iter" in a, a
+        elif d["kind"] == "v3_capital":
+            assert a.startswith((f"The capital of {s}", f"{s}'s capital", "Lima is", "Nairobi is")) and s in a, a
+        elif d["kind"] == "v3_opposite":
+            assert False, "early's antonym is held out"
+        else:
+            assert re.match(rf'(A|An|The word) "?{s}"? ', a), a
+    assert set(by) == {("v3_capital", "Peru"), ("v3_capital", "Kenya"), ("v3_kind", "violin"),
+                       ("v3_definition", "violin"), ("v3_python", "iter")}
+    for (kind, s), ds in by.items():
+        n = V3.DRILL_ASKS[kind.removeprefix("v3_")]
+        qs = [d["messages"][0] for d in ds]
+        assert len(ds) == n and len(set(qs)) >= min(n, 4), (kind, s, qs)
+    # the judge's own families are among the phrasings
+    allq = " ".join(d["messages"][0] for d in drills)
+    assert "What's the capital of Peru?" in allq or "What is the capital of Peru?" in allq
+    assert "Define violin." in allq and "A violin is a type of what?" in allq
+
+
+def test_copy_drills_copy_the_word_exactly():
+    words = ["cycloserine", "pterodactyl", "harbor", "quadrangle"]
+    items = V3.copy_drills(random.Random(0), words, 4, lambda d: d["word"] in HELD)
+    assert len(items) == 3 and {d["word"] for d in items} == {"cycloserine", "pterodactyl", "quadrangle"}
+    for d in items:
+        assert d["word"] in d["messages"][0] and re.search(rf'(^|")\b{d["word"]}\b', d["messages"][1])
+
+
+def test_v3e_tool_calls_name_the_offered_tool_copy_the_word_and_answers_use_the_result():
+    """v3e's tool conversations: every call names an offered tool (never a pool name nor an evaluation
+    name), the dictionary's argument is the asked word exactly, the answer repeats the result; most
+    conversations open with the dictionary among get_weather and one or two others, as eval_v3 offers it."""
+    import conversations as C
+    import eval_v3
+    from conversations import Renderer, render_doc
+    from webapp.api.toolcalls import split_tool_calls
+
+    dict_words = [("lantern", "a light with a transparent case"), ("cycloserine", "an antibiotic drug"),
+                  ("violin", "a bowed stringed instrument"), ("harbor", "a sheltered port")]
+    banned = set(eval_v3.EVAL_NAMES) | {"get_word", "dictionary"}
+    convs = V3.tool_conversations_v3e(random.Random(0), dict_words, [("Peru", "Lima"), ("Spain", "Madrid")], ARITH,
+                                      SHORT["v3_opposite"], EXCLUDE, 300, banned=banned,
+                                      name_words=["meaning", "word", "lamp", "river"])
+    assert len(convs) > 200   # the held-out harbor and Spain requests are dropped
+    render = Renderer()
+    calls = dict_first = 0
+    for msgs, tools, thinking in convs:
+        offered = {t["function"]["name"]: t for t in tools}
+        assert not set(offered) & banned
+        first = next((m for m in msgs if m["role"] == "assistant"), {})
+        if first.get("tool_calls") and "get_weather" in offered and \
+                offered[first["tool_calls"][0]["function"]["name"]]["function"]["description"] in V3.DICT_DESC:
+            dict_first += 1
+        for i, m in enumerate(msgs):
+            if m["role"] == "user":
+                assert "harbor" not in m["content"] and "capital of Spain" not in m["content"]
+            for c in m.get("tool_calls") or []:
+                calls += 1
+                fn = c["function"]
+                assert fn["name"] in offered
+                params = offered[fn["name"]]["function"]["parameters"]["properties"]
+                args = json.loads(fn["arguments"])
+                assert set(args) <= set(params)
+                q = msgs[i - 1]["content"]
+                result, answer = json.loads(msgs[i + 1]["content"]), msgs[i + 2]["content"]
+                if "word" in result:
+                    assert list(args.values()) == [result["word"]] and result["word"] in q
+                    assert result["definition"] in answer
+                else:
+                    assert str(list(result.values())[-1]) in answer
+        text, spans = render_doc(render, [dict(m) for m in msgs], tools, thinking)
+        for a, b in spans:
+            reply = text[a:b].split("</think>")[-1].replace("<|im_end|>", "")
+            if "<tool_call>" in reply:
+                _, parsed = split_tool_calls(reply)
+                assert parsed and all(p.name in offered for p in parsed)
+    assert calls > 200 and dict_first > 100
+    assert sum(C.OTHER_TOOLS[0][0] in {t["function"]["name"] for t in tools} for _, tools, _ in convs) > 150
+
+
+V3E = REPO / "artifacts" / "demo" / "v3e"
+
+
+@pytest.mark.skipif(not (V3E / "corpus" / "docs.jsonl").exists(), reason="v3e not prepared (prepare_v3.py --variant v3e)")
+def test_the_prepared_v3e_corpus_asks_no_held_out_subject_in_its_drills_and_keeps_the_shares():
+    """On the prepared v3e corpus: no held-out question asked nor in a note (leak_check, notes_check);
+    no user turn of a drill or tool document names a held-out subject (any category); no user question
+    anywhere asks a held-out item's question about its subject (heldout_everyday.Exclusion); every
+    drill answer names a subject of its question; the notes 25-30 % of <= 11M tokens; the tool
+    conversations at least v3c's 6,000."""
+    import prepare_v3
+
+    corpus = V3E / "corpus"
+    assert prepare_v3.leak_check(corpus) == {}
+    assert prepare_v3.notes_check(corpus) == {}
+    stats = json.loads((corpus / "stats.json").read_text())
+    assert stats["variant"] == "v3e" and stats["focus"]["phrasings_min"] >= 5
+    assert stats["docs_by_kind"]["tools"] >= 6000 and stats["v3e"]["drill_exchanges"] > 20000
+    lo, med, hi = stats["v3e"]["asks_per_subject_min_median_max"]
+    assert lo >= 10 and 10 <= med <= 25
+    held = V3.heldout_subjects()
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
+    ex = H.Exclusion()
+    turn = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
+    n_drill = 0
+    for line in open(corpus / "docs.jsonl"):
+        d = json.loads(line)
+        if d["kind"].startswith("note_") or d["kind"] == "prose":
+            continue
+        turns = turn.findall(d["text"])
+        for i, (role, t) in enumerate(turns):
+            if role != "user" or t.startswith("<tool_response>"):
+                continue
+            if len(t) <= 200:   # a question (a pasted passage names words without asking about them)
+                assert not ex({"kind": "x", "messages": [t]}), t
+            if d["kind"] in ("drill", "tools"):
+                assert not held_re.search(t.lower()), t
+            if d["kind"] == "drill" and i + 1 < len(turns):
+                n_drill += 1
+                ans = turns[i + 1][1].split("</think>")[-1].strip()
+                words = set(re.findall(r"[a-z][a-z'-]+", t.lower()))
+                head = ans.split(" is ")[0].lower()
+                assert words & set(re.findall(r"[a-z][a-z'-]+", ans.lower())), (t, ans)
+                if not t.startswith(("How", "In Python", "Which Python", "Python", "What's the Python", "I want",
+                                     "What should I call")):
+                    assert set(re.findall(r"[a-z][a-z'-]+", head)) & words or "`" in ans, (t, ans)
+    assert n_drill > 20000
+    toks = json.loads((V3E / "data" / "tokens_by_kind.json").read_text()) if (V3E / "data" / "tokens_by_kind.json").exists() else None
+    if toks:
+        assert 0.25 <= toks["notes_share"] <= 0.30 and toks["total"] <= 11_000_000

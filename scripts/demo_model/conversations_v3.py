@@ -73,7 +73,79 @@ VARIANTS = {
             "prose_keep": 1.0, "notes": "all"},
     "v3d": {"n_docs_chat": 13000, "n_long": 300, "n_json": 9000, "n_topics": 3000, "n_tools": 4000,
             "prose_keep": 0.6, "notes": "focus", "repeats": 80, "per_note": (8, 20)},
+    # v3e: v3d's focused notes, fewer statements each (~27 % of the tokens), and (everyday_v3 section h)
+    # the focused facts of the subjects that are not the judge's ASKED in short drills (each fact
+    # DRILL_ASKS times, the answer restating the subject first), copying drills of rare long words, and
+    # the tool conversations back above v3c's count (names to copy, words copied exactly)
+    "v3e": {"n_docs_chat": 9000, "n_long": 150, "n_json": 9000, "n_topics": 3000, "n_tools": 0,
+            "n_tools_v3e": 6500, "prose_keep": 0.6, "notes": "focus", "repeats": 68, "per_note": (8, 20),
+            "drills": True, "n_copy": 6000},
 }
+
+
+def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system):
+    """v3e's added documents: "drill" (2-8 short exchanges of the binding drills and copying drills;
+    half of them one kind only, so the context holds other subjects of the same kind and the answer
+    must follow the last question's subject) and "tools" (tool_conversations_v3e). Returns stats."""
+    import re
+
+    import eval_v3
+
+    rng = random.Random(seed + 3)
+    held = V3.heldout_subjects()
+    skip = lambda w: w.lower() in held or w in tool_words or w in C.HELDOUT_TOPICS  # noqa: E731
+    drills = V3.binding_drills(rng, focus, held, exclude)
+    syn, idx = H._wordnet()
+    rare = V3.rare_words(syn, idx, skip)
+    copies = V3.copy_drills(rng, [w for w, _ in rare], cfg["n_copy"], exclude)
+    asked = Counter((d["kind"], str(d.get("word") or d.get("subject")).lower()) for d in drills)
+    items = drills + copies
+    rng.shuffle(items)
+    half = len(items) // 2
+    grouped = sorted(items[:half], key=lambda d: d["kind"])   # stable: one kind per run, shuffled within
+    n_docs = 0
+    for block in (grouped, items[half:]):
+        i = 0
+        while i < len(block):
+            k = rng.choice([2, 3, 4, 4, 5, 6, 8])
+            msgs = system([])
+            for d in block[i:i + k]:
+                msgs += [C.user(d["messages"][0]), C.assistant(d["messages"][1])]
+            emit("drill", msgs, None, rng.random() < THINK_FRAC, block[i:i + k][-1])
+            i += k
+            n_docs += 1
+    # tools: dictionary words half common (v3's definitions), half rare and long; capitals; names to copy
+    trng = random.Random(seed + 4)
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
+    common = {}
+    for d in parts["v3_definition"]:
+        if " " not in d["word"] and not held_re.search(d["word"]) and d["word"] not in common:
+            common[d["word"]] = re.sub(r'^\w+ [^ ]+ is |\.? For example.*$|\.$', "", d["messages"][1])
+    common = sorted(common.items())
+    rare_pick = trng.sample(sorted(rare), min(len(common), len(rare)))
+    dict_words = common + rare_pick
+    caps = sorted({m.groups() for m in (re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1])
+                                        for d in parts["v3_capital"]) if m and not (set(map(str.lower, m.groups())) & held)})
+    plain = [d for d in parts["v3_opposite"] + parts["v3_kind"] if not exclude(d) and not held_re.search(d["messages"][0].lower())]
+    banned = set(eval_v3.EVAL_NAMES) | set(V3.CALC_NAMES) | {t[0] for t in V3.OTHER} | {t[0] for t in C.OTHER_TOOLS}
+    for verbs, nouns in ((V3.DICT_VERBS, V3.DICT_NOUNS), (V3.CAP_VERBS, V3.CAP_NOUNS)):
+        banned |= {f"{v}_{n}" for v in verbs for n in nouns} | {f"{n}_{v}" for v in verbs for n in nouns} \
+            | set(nouns) | {f"{v}{n.capitalize()}" for v in verbs for n in nouns}
+    name_words = sorted({f["subject"] for f in focus["definition"] if re.fullmatch(r"[a-z]{3,9}", f["subject"])})
+    convs = V3.tool_conversations_v3e(trng, dict_words, caps, arith, plain, exclude, cfg["n_tools_v3e"],
+                                      banned=banned, name_words=name_words)
+    for msgs, tools, thinking in convs:
+        emit("tools", system([]) + msgs, tools, thinking)
+    per_subject = Counter()
+    for (k, s), n in asked.items():
+        per_subject[s] += n
+    vals = sorted(per_subject.values())
+    return {"drill_exchanges": len(drills), "copy_drills": len(copies), "drill_docs": n_docs,
+            "drill_exchanges_by_kind": dict(Counter(d["kind"] for d in drills)),
+            "drilled_subjects": len(per_subject),
+            "asks_per_subject_min_median_max": [vals[0], vals[len(vals) // 2], vals[-1]] if vals else None,
+            "held_out_subjects": len(held), "tool_conversations_v3e": len(convs),
+            "dict_words_common_rare": [len(common), len(rare_pick)]}
 
 
 def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=True, variant="v3c"):
@@ -168,6 +240,9 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
     # (c) tools
     for msgs, tools, thinking in tool_convs:
         emit("tools", system([]) + msgs, tools, thinking)
+    drill_stats = None
+    if cfg.get("drills"):   # v3e: binding and copying drills, tools back; streams of their own (seed + 3, + 4)
+        drill_stats = _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     # chats of 1-6 exchanges, then long conversations
     for _ in range(n_docs_chat):
         msgs, last = system([]), None
@@ -217,6 +292,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
              "unused_exchanges_v3_v2": list(unused), "eval_prompts": len(eval_set),
              "v2_exchanges_kept_by_kind": dict(Counter(d["kind"] for d in v2_items)), "variant": variant,
              "notes_share_of_chars": round(sum(v for k, v in chars.items() if k.startswith("note_")) / sum(chars.values()), 4)}
+    if drill_stats:
+        stats["v3e"] = drill_stats
     if focus:
         stats["focus"] = {"facts": {k: len(v) for k, v in focus.items()}, "facts_total": sum(map(len, focus.values())),
                           "statements_per_fact": cfg["repeats"],

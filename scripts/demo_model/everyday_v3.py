@@ -720,3 +720,245 @@ def focus_coverage(facts: dict, items=None) -> dict:
     out["all"] = [sum(v[0] for v in out.values()), len(items)]
     out["missing"] = missing
     return out
+
+
+# ------------------------------------------------------------------------------ (h) v3e: subject binding, tools back
+#
+# v3d stored the focused facts (its notes) but answered about ANOTHER subject: 17 of its 23 word misses
+# state another subject's true fact ("What's the capital of Romania?" -> "The capital of Austria is
+# Vienna."), its Python misses name another function, and its tool calls (4,000 conversations, v3c's
+# 6,000) invent the tool's name and garble the word. v3e asks the focused facts of the subjects that
+# are NOT the judge's (every held-out subject of any category left out, whatever the question asks)
+# in many short exchanges, in the judge's question families and more, each answer restating the asked
+# subject verbatim first; adds copying drills of rare, long words; and brings the tool conversations
+# back (more of them, names nearly all to copy, words to copy exactly, the dictionary offered as the
+# tool evaluation offers it). The held-out subjects' facts stay statements in the notes only.
+
+DRILL_Q = {
+    "definition": ['What does "{w}" mean?', "What does {w} mean?", "Define {w}.", 'What is the meaning of "{w}"?',
+                   "What is {a} {w}?", "What's {a} {w}?", "Meaning of {w}?", 'Can you define "{w}"?',
+                   "Define the word {w}.", 'What is meant by "{w}"?', "Explain the word {w}.",
+                   'Tell me what "{w}" means.', "What's the definition of {w}?", "Give me the definition of {w}.",
+                   'Define "{w}".', "What is the meaning of {w}?"],
+    "kind": ["What kind of thing is {a} {w}?", "{A} {w} is a type of what?", 'What category does "{w}" belong to?',
+             "What type of thing is {a} {w}?", "What is {a} {w} a kind of?", "{A} {w} is a kind of what?",
+             "{A} {w} is what kind of thing?", 'Which category does "{w}" fall under?', '"{W}" is a type of what?',
+             'What is the category of "{w}"?', "What category does {w} belong to?", "What general kind of thing is {a} {w}?"],
+    "opposite": ['What is the opposite of "{w}"?', "What is the opposite of {w}?", "Give me an antonym for {w}.",
+                 'What is an antonym of "{w}"?', "What's the opposite of {w}?", "Antonym of {w}?",
+                 "Tell me the opposite of {w}.", "What word means the opposite of {w}?", 'Give me an antonym for "{w}".',
+                 "What is the antonym of {w}?", 'Opposite of "{w}"?', "What's an antonym for {w}?",
+                 "Which word is the opposite of {w}?", "Name the opposite of {w}."],
+    "capital": ["What is the capital of {c}?", "What's the capital of {c}?", "Which city is the capital of {c}?",
+                "Capital of {c}?", "Tell me the capital of {c}.", "What city is the capital of {c}?",
+                "Do you know the capital of {c}?", "Name the capital of {c}.", "What is the capital city of {c}?",
+                "Which city is {c}'s capital?", "Capital city of {c}?", "What city serves as the capital of {c}?",
+                "{n} is the capital of which country?", "Which country is {n} the capital of?"],
+    "python_task": ["How do I {t} in Python?", "In Python, how can I {t}?", "Which Python {k} do I use to {t}?",
+                    "How can I {t} in Python?", "Python: how do I {t}?", "What's the Python way to {t}?",
+                    "I want to {t} in Python. What do I use?", "What should I call in Python to {t}?",
+                    "Which Python {k} lets me {t}?"],
+    "python_name": ["What does {s} do in Python?", "Explain {s} in Python.", "In Python, what is {s} for?",
+                    "What is {s} used for in Python?"],
+}
+DRILL_A = {   # the asked subject first, then its fact (the first form most often: the one the judge reads)
+    "definition": ["{A} {w} is {np}.", "{A} {w} is {np}.", 'The word "{w}" means {np}.'],
+    "kind": ["{A} {w} is a kind of {h}.", "{A} {w} is a kind of {h}.", "{A} {w} is a type of {h}."],
+    "opposite": ['The opposite of "{w}" is "{a}".', "The opposite of {w} is {a}.", 'An antonym of "{w}" is "{a}".'],
+    "capital": ["The capital of {c} is {n}.", "The capital of {c} is {n}.", "{c}'s capital is {n}."],
+    "capital_rev": ["{n} is the capital of {c}."],
+    "python_task": ["To {t}, use {s}.", "To {t}, use {s}.", "To {t} in Python, use the {k} {s}: {f}"],
+    "python_name": ["{S}: {f}", "The {k} {s}: {f}"],
+}
+# asks per fact (a noun has a definition and a kind: ~20 asks): v3e's "each subject 10-20 times"
+DRILL_ASKS = {"definition": 11, "kind": 9, "opposite": 14, "capital": 16, "python": 14}
+
+
+def heldout_subjects(items=None) -> set:
+    """Every subject (lower case) of the judge's 75 items, of any category: no v3e drill asks about
+    one of them, whatever it asks ("What does "home" mean?" is out though the judge asks home's kind)."""
+    items = H.load() if items is None else items
+    return {s.lower() for it in items for s in it["subjects"]}
+
+
+def _names_heldout(text, held_re):
+    return bool(held_re.search(text.lower()))
+
+
+def binding_drills(rng, facts: dict, held: set, exclude, asks=None) -> list:
+    """Short exchanges about the focused facts of subjects outside `held`: each fact asked asks[kind]
+    times, cycling through its question phrasings (every phrasing before any repeats, a new order each
+    round), the answer restating the asked subject first. A question naming any held-out subject as a
+    whole word, or refused by `exclude`, is dropped. Items: {"kind": "v3_<kind>", "subject" / "word",
+    "messages": [q, a]} (v3's kinds, so thought() names the subject)."""
+    asks = DRILL_ASKS if asks is None else asks
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b") \
+        if held else re.compile(r"(?!x)x")
+    out = []
+
+    def cycle(qs, n):
+        seq = []
+        while len(seq) < n:
+            r = qs[:]
+            rng.shuffle(r)
+            seq += r
+        return seq[:n]
+
+    for kind, fs in facts.items():
+        for f in fs:
+            subj = f["subject"]
+            if subj.lower() in held or (kind == "capital" and f["n"].lower() in held) \
+                    or (kind == "opposite" and f["a"].lower() in held):
+                continue
+            fmt = dict(f)
+            if kind in ("definition", "kind"):
+                fmt["a"] = fmt["A"].lower()
+            if kind == "python":
+                qk = "python_task" if f["t"] else "python_name"
+                qs = DRILL_Q[qk] + (DRILL_Q["python_name"][:2] if f["t"] else [])
+            else:
+                qk, qs = kind, DRILL_Q[kind]
+            for q in cycle(qs, asks[kind]):
+                if kind == "python":
+                    ak = "python_task" if "{t}" in q else "python_name"
+                elif kind == "capital" and "{n}" in q:
+                    ak = "capital_rev"
+                else:
+                    ak = kind
+                a = rng.choice(DRILL_A[ak]).format(**fmt)
+                if ak == "python_task":
+                    a = a[0].upper() + a[1:]
+                qq = q.format(**fmt)
+                item = {"kind": f"v3_{kind}", ("word" if kind in ("definition", "kind", "opposite") else "subject"): subj,
+                        "messages": [qq, a]}
+                if _names_heldout(qq, held_re) or exclude(item):
+                    continue
+                out.append(item)
+    return out
+
+
+COPY_Q = ['Repeat this word exactly: {w}', 'Say "{w}" back to me.', "Copy the word: {w}",
+          'What word did I write? "{w}"', "Please repeat: {w}", 'Write the word "{w}" again.',
+          "Echo this word: {w}", 'Type "{w}" for me.']
+COPY_A = ["{w}", '"{w}"', 'You wrote "{w}".', "{w}."]
+
+
+def rare_words(syn, idx, skip, min_len=8):
+    """(word, gloss as a noun phrase) for WordNet nouns of `min_len`-16 letters (several tokens each:
+    what a small model garbles when it copies), the first sense's gloss; skipped subjects left out."""
+    out = []
+    for (lemma, t), info in sorted(idx.items()):
+        w = _w(lemma)
+        if t != "n" or not re.fullmatch(rf"[a-z]{{{min_len},16}}", w) or skip(w):
+            continue
+        s = syn[info["synsets"][0]]
+        gloss = re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
+        if 2 <= len(gloss.split()) <= 14 and not re.search(r"[()\"`]", gloss):
+            out.append((w, gloss))
+    return out
+
+
+def copy_drills(rng, words, n, exclude) -> list:
+    """Copying drills: a rare, long word asked back; the reply is the word exactly."""
+    out = []
+    for w in rng.sample(words, min(n, len(words))):
+        item = {"kind": "copy", "word": w,
+                "messages": [rng.choice(COPY_Q).format(w=w), rng.choice(COPY_A).format(w=w)]}
+        if not exclude(item):
+            out.append(item)
+    return out
+
+
+# names of the v3e tools: made-up stems (copy_name) and real English words with a part, neither a pool
+# name nor one of eval_v3.EVAL_NAMES (filtered by the caller): the name must be read off the offered list
+def word_name(rng, words):
+    w = rng.choice(words)
+    part = rng.choice(NAME_PARTS)
+    return rng.choice([f"{w}_{part}", f"{part}_{w}", f"{w}{part.capitalize()}", w])
+
+
+DICT_DESC = ["Look up the meaning of an English word in the dictionary.", "Define an English word.",
+             "Return the dictionary definition of a word.", "Get what a word means."]
+DICT_Q = ["What does {w} mean?", 'What is the meaning of "{w}"?', "Look up {w} for me.", "Define the word {w}.",
+          "What is {a} {w}? Please check the dictionary.", 'Can you look up "{w}"?', "Check the dictionary for {w}.",
+          "What does the word {w} mean?"]
+DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}" means {d}.', "{W} means {d}."]
+
+
+def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
+                           think_frac=0.5, dict_frac=0.6):
+    """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
+    dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
+    get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
+    tool's name is one to copy (copy_name or a real word with a part: none of the verbs x nouns pool,
+    none of `banned`); the word is copied exactly into the call (half of the dictionary words are
+    rare, long ones); the answer after the result repeats it. `dict_words`: [(word, definition)]."""
+    import conversations as C2
+
+    def fresh_name(kind):
+        while True:
+            nm = copy_name(rng) if rng.random() < 0.6 else word_name(rng, name_words)
+            if nm not in banned:
+                return nm
+
+    def tool(kind):
+        desc = {"dict": rng.choice(DICT_DESC),
+                "calc": rng.choice(["Evaluate an arithmetic expression.", "A small calculator.", "Compute a math expression."]),
+                "cap": rng.choice(["Get the capital city of a country.", "Return the capital of a country."])}[kind]
+        arg = rng.choice(ARGS[kind])
+        return tool_schema(fresh_name(kind), desc, {arg: {"dict": "the word", "calc": "the expression",
+                                                          "cap": "the country"}[kind]}), arg
+
+    out = []
+    for _ in range(n):
+        if rng.random() < dict_frac:
+            kinds = ["dict"] + rng.sample(["calc", "cap"], rng.choice([0, 0, 1]))
+            others = [C2.OTHER_TOOLS[0]] + rng.sample(C2.OTHER_TOOLS[1:], rng.choice([1, 2]))
+            first = "dict"
+        else:
+            kinds = rng.sample(["dict", "calc", "cap"], rng.choice([1, 2, 2, 3]))
+            others = rng.sample(OTHER, rng.choice([1, 1, 2, 3]))
+            first = None
+        made = {k: tool(k) for k in kinds}
+        tools = [t for t, _ in made.values()] + [tool_schema(*t) for t in others]
+        rng.shuffle(tools)
+        thinking = rng.random() < think_frac
+        msgs = []
+        for j in range(rng.choice([1, 1, 1, 2])):
+            want = first if (j == 0 and first) else rng.choice(kinds + ["none"] * (1 if rng.random() < 0.2 else 0))
+            if want == "dict":
+                w, definition = rng.choice(dict_words)
+                q = rng.choice(DICT_Q).format(w=w, a=_article(w))
+                args, result = {made["dict"][1]: w}, json.dumps({"word": w, "definition": definition})
+                ans = rng.choice(DICT_ANS).format(w=w, W=w[:1].upper() + w[1:], d=definition)
+                subject = w
+            elif want == "calc":
+                d = rng.choice(arith)
+                q, expr, r = d["data"]["question"], d["data"]["expression"], d["data"]["result"]
+                args, result = {made["calc"][1]: expr}, json.dumps({"result": r})
+                ans, subject = rng.choice([f"The answer is {r}.", f"It is {r}."]), "the calculation"
+            elif want == "cap":
+                c, city = rng.choice(caps)
+                q = rng.choice(["What is the capital of {c}?", "Which city is the capital of {c}?",
+                                "Look up the capital of {c}."]).format(c=c)
+                args, result = {made["cap"][1]: c}, json.dumps({"country": c, "capital": city})
+                ans, subject = f"The capital of {c} is {city}.", c
+            else:  # nothing offered fits: a plain answer, no call
+                d = rng.choice(plain)
+                msgs += [{"role": "user", "content": d["messages"][0]},
+                         {"role": "assistant", "content": d["messages"][1],
+                          **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
+                continue
+            if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
+                continue
+            name = made[want][0]["function"]["name"]
+            think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
+            think2 = "The tool answered. I will repeat its result." if thinking else None
+            msgs += [{"role": "user", "content": q},
+                     {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
+                      **({"reasoning_content": think1} if think1 else {})},
+                     {"role": "tool", "content": result},
+                     {"role": "assistant", "content": ans, **({"reasoning_content": think2} if think2 else {})}]
+        if msgs:
+            out.append((msgs, tools, thinking))
+    return out
