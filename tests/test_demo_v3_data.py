@@ -81,9 +81,21 @@ def test_json_replies_pass_the_engines_grammar():
             bad.advance(tok.encode(d["messages"][1].replace(": ", ":\n  "), add_special_tokens=False))
 
 
-def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
-    from conversations import Renderer, render_doc
+def _assert_rendered_calls_offered(render, msgs, tools, thinking, offered):
+    """Every tool call a rendered reply holds parses and names an offered tool."""
+    from conversations import render_doc
     from webapp.api.toolcalls import split_tool_calls
+
+    text, spans = render_doc(render, [dict(m) for m in msgs], tools, thinking)
+    for a, b in spans:
+        reply = text[a:b].split("</think>")[-1].replace("<|im_end|>", "")
+        if "<tool_call>" in reply:
+            _, parsed = split_tool_calls(reply)
+            assert parsed and all(p.name in offered for p in parsed)
+
+
+def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
+    from conversations import Renderer
 
     render = Renderer()
     convs = V3.tool_conversations(random.Random(0), SHORT, ARITH, EXCLUDE, n=120)
@@ -103,12 +115,7 @@ def test_tool_calls_name_an_offered_tool_and_answers_use_the_result():
                 result, answer = msgs[i + 1]["content"], msgs[i + 2]["content"]
                 vals = [str(v) for v in json.loads(result).values()]
                 assert any(v in answer for v in vals[-1:]), (result, answer)  # the answer repeats the result
-        text, spans = render_doc(render, [dict(m) for m in msgs], tools, thinking)
-        for a, b in spans:
-            reply = text[a:b].split("</think>")[-1].replace("<|im_end|>", "")
-            if "<tool_call>" in reply:
-                _, parsed = split_tool_calls(reply)
-                assert parsed and all(p.name in offered for p in parsed)
+        _assert_rendered_calls_offered(render, msgs, tools, thinking, offered)
     assert calls > 60 and len(names_seen) > 30  # many names: the model must copy, not recall
 
 
@@ -355,8 +362,7 @@ def test_v3e_tool_calls_name_the_offered_tool_copy_the_word_and_answers_use_the_
     conversations open with the dictionary among get_weather and one or two others, as eval_v3 offers it."""
     import conversations as C
     import eval_v3
-    from conversations import Renderer, render_doc
-    from webapp.api.toolcalls import split_tool_calls
+    from conversations import Renderer
 
     dict_words = [("lantern", "a light with a transparent case"), ("cycloserine", "an antibiotic drug"),
                   ("violin", "a bowed stringed instrument"), ("harbor", "a sheltered port")]
@@ -391,12 +397,7 @@ def test_v3e_tool_calls_name_the_offered_tool_copy_the_word_and_answers_use_the_
                     assert result["definition"] in answer
                 else:
                     assert str(list(result.values())[-1]) in answer
-        text, spans = render_doc(render, [dict(m) for m in msgs], tools, thinking)
-        for a, b in spans:
-            reply = text[a:b].split("</think>")[-1].replace("<|im_end|>", "")
-            if "<tool_call>" in reply:
-                _, parsed = split_tool_calls(reply)
-                assert parsed and all(p.name in offered for p in parsed)
+        _assert_rendered_calls_offered(render, msgs, tools, thinking, offered)
     assert calls > 200 and dict_first > 100
     assert sum(C.OTHER_TOOLS[0][0] in {t["function"]["name"] for t in tools} for _, tools, _ in convs) > 150
 

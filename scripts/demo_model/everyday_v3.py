@@ -333,6 +333,43 @@ def call(name, args):
     return {"type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
+TOOL_CAP_Q = ["What is the capital of {c}?", "Which city is the capital of {c}?", "Look up the capital of {c}."]
+
+
+def capital_exchange(rng, caps, param, asks):
+    """A country's capital asked of the capitals tool: (question, arguments, result, answer, subject)."""
+    c, city = rng.choice(caps)
+    q = rng.choice(asks).format(c=c)
+    return q, {param: c}, json.dumps({"country": c, "capital": city}), f"The capital of {c} is {city}.", c
+
+
+def calc_exchange(rng, arith, param):
+    """A calculation asked of the calculator tool: (question, arguments, result, answer, subject)."""
+    d = rng.choice(arith)
+    q, expr, r = d["data"]["question"], d["data"]["expression"], d["data"]["result"]
+    args, result = {param: expr}, json.dumps({"result": r})
+    return q, args, result, rng.choice([f"The answer is {r}.", f"It is {r}."]), "the calculation"
+
+
+def plain_exchange(d, thinking) -> list:
+    """A question no offered tool fits, answered directly."""
+    return [{"role": "user", "content": d["messages"][0]},
+            {"role": "assistant", "content": d["messages"][1],
+             **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
+
+
+def tool_exchange(name, subject, q, args, result, ans, thinking) -> list:
+    """One asked-called-answered exchange: the question, the call of `name`, its result, the answer
+    (with short thoughts when the conversation thinks)."""
+    think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
+    think2 = "The tool answered. I will repeat its result." if thinking else None
+    return [{"role": "user", "content": q},
+            {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
+             **({"reasoning_content": think1} if think1 else {})},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": ans, **({"reasoning_content": think2} if think2 else {})}]
+
+
 def tool_conversations(rng, short, arith, exclude, n=6000, think_frac=0.5):
     """(messages, tools, thinking) triples: a fitting request among 2-5 offered tools, or none fits."""
     defs = [d for d in short["v3_definition"] if " " not in d["word"]]
@@ -360,31 +397,15 @@ def tool_conversations(rng, short, arith, exclude, n=6000, think_frac=0.5):
                                   f'According to the dictionary, "{w}" means {definition}.'])
                 subject = w
             elif want == "calc":
-                d = rng.choice(arith)
-                q, expr, r = d["data"]["question"], d["data"]["expression"], d["data"]["result"]
-                args, result = {made["calc"][1]: expr}, json.dumps({"result": r})
-                ans, subject = rng.choice([f"The answer is {r}.", f"It is {r}."]), "the calculation"
+                q, args, result, ans, subject = calc_exchange(rng, arith, made["calc"][1])
             elif want == "cap":
-                c, city = rng.choice(caps)
-                q = rng.choice(["What is the capital of {c}?", "Which city is the capital of {c}?"]).format(c=c)
-                args, result = {made["cap"][1]: c}, json.dumps({"country": c, "capital": city})
-                ans, subject = f"The capital of {c} is {city}.", c
+                q, args, result, ans, subject = capital_exchange(rng, caps, made["cap"][1], TOOL_CAP_Q[:2])
             else:  # nothing offered fits: a plain answer, no call
-                d = rng.choice(plain)
-                msgs += [{"role": "user", "content": d["messages"][0]},
-                         {"role": "assistant", "content": d["messages"][1],
-                          **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
+                msgs += plain_exchange(rng.choice(plain), thinking)
                 continue
             if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
                 continue  # a held-out subject: this exchange is left out, the conversation goes on
-            name = made[want][0]["function"]["name"]
-            think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
-            think2 = "The tool answered. I will repeat its result." if thinking else None
-            msgs += [{"role": "user", "content": q},
-                     {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
-                      **({"reasoning_content": think1} if think1 else {})},
-                     {"role": "tool", "content": result},
-                     {"role": "assistant", "content": ans, **({"reasoning_content": think2} if think2 else {})}]
+            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking)
         if msgs:
             out.append((msgs, tools, thinking))
     return out
@@ -933,32 +954,15 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
                 ans = rng.choice(DICT_ANS).format(w=w, W=w[:1].upper() + w[1:], d=definition)
                 subject = w
             elif want == "calc":
-                d = rng.choice(arith)
-                q, expr, r = d["data"]["question"], d["data"]["expression"], d["data"]["result"]
-                args, result = {made["calc"][1]: expr}, json.dumps({"result": r})
-                ans, subject = rng.choice([f"The answer is {r}.", f"It is {r}."]), "the calculation"
+                q, args, result, ans, subject = calc_exchange(rng, arith, made["calc"][1])
             elif want == "cap":
-                c, city = rng.choice(caps)
-                q = rng.choice(["What is the capital of {c}?", "Which city is the capital of {c}?",
-                                "Look up the capital of {c}."]).format(c=c)
-                args, result = {made["cap"][1]: c}, json.dumps({"country": c, "capital": city})
-                ans, subject = f"The capital of {c} is {city}.", c
+                q, args, result, ans, subject = capital_exchange(rng, caps, made["cap"][1], TOOL_CAP_Q)
             else:  # nothing offered fits: a plain answer, no call
-                d = rng.choice(plain)
-                msgs += [{"role": "user", "content": d["messages"][0]},
-                         {"role": "assistant", "content": d["messages"][1],
-                          **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
+                msgs += plain_exchange(rng.choice(plain), thinking)
                 continue
             if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
                 continue
-            name = made[want][0]["function"]["name"]
-            think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
-            think2 = "The tool answered. I will repeat its result." if thinking else None
-            msgs += [{"role": "user", "content": q},
-                     {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
-                      **({"reasoning_content": think1} if think1 else {})},
-                     {"role": "tool", "content": result},
-                     {"role": "assistant", "content": ans, **({"reasoning_content": think2} if think2 else {})}]
+            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking)
         if msgs:
             out.append((msgs, tools, thinking))
     return out
