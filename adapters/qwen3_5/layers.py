@@ -287,7 +287,7 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
     for all rows at once (row b of each is sequence b's)."""
     S = h.shape[1]
     captured: Dict[int, tuple] = {}
-    pos = None
+    pos, several = None, len(caches) > 1
     for i, p in enumerate(stack.layers):
         cs = [c[i] for c in caches]
         if isinstance(p, GdnParams):
@@ -309,7 +309,7 @@ def run_trunk_batch(run, stack: Stack, h: mx.array, caches: List[list], capture:
                 pos = run.positions(mx.array([c.offset + (deltas[b] if deltas else 0) for b, c in enumerate(cs)],
                                              dtype=mx.int32), S)
             h = attend_batch(run, p, h, cs, pos)
-        _submit(run, h, i, len(stack.layers), capture, batch=len(cs) > 1)
+        _submit(run, h, i, len(stack.layers), capture, batch=several)
     return h, captured
 
 
