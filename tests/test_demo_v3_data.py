@@ -271,41 +271,6 @@ def test_focus_coverage_counts_the_judges_subjects_it_states():
     assert cov["all"] == [3, 5] and cov["missing"] == ["capital:Ghana", "python:iter"]
 
 
-V3D = REPO / "artifacts" / "demo" / "v3d"
-
-
-@pytest.mark.skipif(not (V3D / "corpus" / "docs.jsonl").exists(), reason="v3d not prepared (prepare_v3.py --variant v3d)")
-def test_the_prepared_v3d_corpus_holds_no_held_out_question_and_a_third_of_notes():
-    """On the prepared corpus: no held-out question is asked (user turns) nor written in a note,
-    no note asks anything, every focused fact in >= 5 phrasings (a seeded sample of them found in
-    the notes), and the notes are 30-40 % of the tokens."""
-    import prepare_v3
-
-    corpus = V3D / "corpus"
-    assert prepare_v3.leak_check(corpus) == {}
-    assert prepare_v3.notes_check(corpus) == {}
-    stats = json.loads((corpus / "stats.json").read_text())
-    assert stats["variant"] == "v3d" and stats["focus"]["phrasings_min"] >= 5
-    assert 2000 <= stats["focus"]["facts_total"] <= 4000
-    by_kind = V3D / "data" / "tokens_by_kind.json"
-    if by_kind.exists():
-        toks = json.loads(by_kind.read_text())
-        assert 0.30 <= toks["notes_share"] <= 0.40 and toks["total"] <= 10_500_000
-    if not Path("/usr/share/wordnet/data.noun").exists():
-        return
-    import conversations as C
-
-    tool_words = {w.strip() for w in (REPO / "scripts" / "demo_model" / "tool_words.txt").read_text().split()}
-    facts = V3.focus_facts(*H._wordnet(), lambda w: w in tool_words or w in C.HELDOUT_TOPICS)
-    assert {k: len(v) for k, v in facts.items()} == stats["focus"]["facts"]
-    notes = " ".join(json.loads(l)["text"] for l in open(corpus / "docs.jsonl") if '"kind": "note_' in l)
-    rng = random.Random(0)
-    for kind, fs in facts.items():
-        for f in rng.sample(fs, min(12, len(fs))):
-            ph = V3.fact_phrasings(kind, f)
-            assert len(set(ph)) >= 5 and sum(p in notes for p in set(ph)) >= 5, (kind, f["subject"])
-
-
 # ------------------------------------------------------------------------------ v3e: binding drills, tools back
 
 HELD = {"spain", "madrid", "harbor", "append", "late"}
@@ -402,53 +367,74 @@ def test_v3e_tool_calls_name_the_offered_tool_copy_the_word_and_answers_use_the_
     assert sum(C.OTHER_TOOLS[0][0] in {t["function"]["name"] for t in tools} for _, tools, _ in convs) > 150
 
 
-V3E = REPO / "artifacts" / "demo" / "v3e"
+# ------------------------------------------------------------------------------ a prepared corpus's checks
+# prepare_v3.py runs scripts/demo_model/check_v3.py on what it prepared and stops on a problem; here the
+# checks themselves, on corpora written by hand, each with one flaw they must name.
+
+def _chat(*turns):
+    return "".join(f"<|im_start|>{r}\n{t}<|im_end|>\n" for r, t in zip(("user", "assistant") * 4, turns))
 
 
-@pytest.mark.skipif(not (V3E / "corpus" / "docs.jsonl").exists(), reason="v3e not prepared (prepare_v3.py --variant v3e)")
-def test_the_prepared_v3e_corpus_asks_no_held_out_subject_in_its_drills_and_keeps_the_shares():
-    """On the prepared v3e corpus: no held-out question asked nor in a note (leak_check, notes_check);
-    no user turn of a drill or tool document names a held-out subject (any category); no user question
-    anywhere asks a held-out item's question about its subject (heldout_everyday.Exclusion); every
-    drill answer names a subject of its question; the notes 25-30 % of <= 11M tokens; the tool
-    conversations at least v3c's 6,000."""
-    import prepare_v3
+def _write_corpus(work, variant, docs, notes_share=0.27):
+    (work / "corpus").mkdir(parents=True, exist_ok=True)
+    (work / "data").mkdir(exist_ok=True)
+    with open(work / "corpus" / "docs.jsonl", "w") as f:
+        for kind, text in docs:
+            f.write(json.dumps({"kind": kind, "text": text}) + "\n")
+    stats = {"variant": variant, "focus": {"phrasings_min": 5, "facts_total": 3, "facts": {}},
+             "docs_by_kind": {"tools": sum(k == "tools" for k, _ in docs)},
+             "v3e": {"drill_exchanges": sum(k == "drill" for k, _ in docs), "asks_per_subject_min_median_max": [2, 2, 2]}}
+    (work / "corpus" / "stats.json").write_text(json.dumps(stats))
+    (work / "data" / "tokens_by_kind.json").write_text(json.dumps({"total": 1000, "notes_share": notes_share}))
+    return work
 
-    corpus = V3E / "corpus"
-    assert prepare_v3.leak_check(corpus) == {}
-    assert prepare_v3.notes_check(corpus) == {}
-    stats = json.loads((corpus / "stats.json").read_text())
-    assert stats["variant"] == "v3e" and stats["focus"]["phrasings_min"] >= 5
-    assert stats["docs_by_kind"]["tools"] >= 6000 and stats["v3e"]["drill_exchanges"] > 20000
-    lo, med, hi = stats["v3e"]["asks_per_subject_min_median_max"]
-    assert lo >= 10 and 10 <= med <= 25
-    held = V3.heldout_subjects()
-    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
-    ex = H.Exclusion()
-    turn = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
-    n_drill = 0
-    for line in open(corpus / "docs.jsonl"):
-        d = json.loads(line)
-        if d["kind"].startswith("note_") or d["kind"] == "prose":
-            continue
-        turns = turn.findall(d["text"])
-        for i, (role, t) in enumerate(turns):
-            if role != "user" or t.startswith("<tool_response>"):
-                continue
-            if len(t) <= 200:   # a question (a pasted passage names words without asking about them)
-                assert not ex({"kind": "x", "messages": [t]}), t
-            if d["kind"] in ("drill", "tools"):
-                assert not held_re.search(t.lower()), t
-            if d["kind"] == "drill" and i + 1 < len(turns):
-                n_drill += 1
-                ans = turns[i + 1][1].split("</think>")[-1].strip()
-                words = set(re.findall(r"[a-z][a-z'-]+", t.lower()))
-                head = ans.split(" is ")[0].lower()
-                assert words & set(re.findall(r"[a-z][a-z'-]+", ans.lower())), (t, ans)
-                if not t.startswith(("How", "In Python", "Which Python", "Python", "What's the Python", "I want",
-                                     "What should I call")):
-                    assert set(re.findall(r"[a-z][a-z'-]+", head)) & words or "`" in ans, (t, ans)
-    assert n_drill > 20000
-    toks = json.loads((V3E / "data" / "tokens_by_kind.json").read_text()) if (V3E / "data" / "tokens_by_kind.json").exists() else None
-    if toks:
-        assert 0.25 <= toks["notes_share"] <= 0.30 and toks["total"] <= 11_000_000
+
+GOOD = [("note_capital", "Lima is the capital of Peru. Peru's capital city is Lima."),
+        ("prose", "A violin is a bowed stringed instrument."),
+        ("drill", _chat("What's the capital of Peru?", "The capital of Peru is Lima.")),
+        ("drill", _chat("Define violin.", "A violin is a bowed stringed instrument.")),
+        ("drill", _chat("In Python, how can I get an iterator?", "To get an iterator, call `iter(x)`.")),
+        ("tools", _chat("What does lantern mean?", '<tool_call>{"name": "lookup"}</tool_call>',
+                        '<tool_response>{"word": "lantern"}</tool_response>', "A lantern is a light."))]
+SMALL = {"notes_share": (0.25, 0.30), "tokens_max": 2000, "tools_min": 1, "drills_min": 3, "asks_min": 2,
+         "asks_median": (2, 3)}
+
+
+@pytest.mark.parametrize("flaw, docs, share, named", [
+    ("none", GOOD, 0.27, None),
+    ("a drill asks about a held-out subject", GOOD + [("drill", _chat("What is the capital of Ghana?", "The capital of Ghana is Accra."))],
+     0.27, "held-out"),
+    ("a tool request names one", GOOD + [("tools", _chat("What does home mean?", "A home is a place."))], 0.27,
+     "names a held-out subject"),
+    ("a note asks", GOOD + [("note_kind", "Is a violin an instrument? It is.")], 0.27, "note asks"),
+    ("an answer about something else", GOOD + [("drill", _chat("Define violin.", "Lima is a city in Peru."))], 0.27,
+     "shares no word"),
+    ("the subject comes late", GOOD + [("drill", _chat("Define violin.", "It is a bowed violin."))], 0.27,
+     "does not name its subject"),
+    ("too many notes", GOOD, 0.45, "notes are 45.0%"),
+])
+def test_the_v3e_check_passes_a_fit_corpus_and_names_each_flaw(tmp_path, flaw, docs, share, named):
+    import check_v3
+
+    problems = check_v3.check_v3e(_write_corpus(tmp_path, "v3e", docs, share), SMALL)
+    if named is None:
+        assert problems == []
+        # the real bounds: a corpus of six documents is far too small to train on
+        assert any("drill exchanges" in p for p in check_v3.check_v3e(tmp_path)) and \
+            any("tool conversations" in p for p in check_v3.check_v3e(tmp_path))
+    else:
+        assert any(named in p for p in problems), (flaw, problems)
+
+
+def test_the_v3d_check_finds_a_held_out_question_and_a_corpus_of_the_wrong_variant(tmp_path):
+    import check_v3
+
+    lim = {"facts_total": (1, 5), "notes_share": (0.30, 0.40), "tokens_max": 2000}
+    good = _write_corpus(tmp_path / "good", "v3d", GOOD, 0.35)
+    assert check_v3.check_v3d(good, lim, sample=0) == []
+    assert any("focused facts, outside" in p for p in check_v3.check_v3d(good, sample=0))
+    asked = H.load()[0]["question"]
+    leak = _write_corpus(tmp_path / "leak", "v3e", GOOD + [("chat", _chat(asked, "It is."))], 0.35)
+    problems = check_v3.check_v3d(leak, lim, sample=0)
+    assert any("held-out question asked" in p and asked.lower() in p for p in problems), problems
+    assert any("variant 'v3e'" in p for p in problems), problems

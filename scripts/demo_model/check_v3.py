@@ -1,0 +1,160 @@
+"""What a prepared v3d / v3e corpus must hold before a GPU call trains on it (issue 35):
+prepare_v3.py runs these after its data step and stops on any problem;
+`python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
+
+Each check returns a list of problems in words (empty: the corpus is fit). The size bounds are
+the variant's own (LIMITS) and can be passed smaller, as the tests do on hand-made corpora.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import everyday_v3 as V3  # noqa: E402
+import heldout_everyday as H  # noqa: E402
+
+LIMITS = {
+    "v3d": {"facts_total": (2000, 4000), "notes_share": (0.30, 0.40), "tokens_max": 10_500_000},
+    "v3e": {"notes_share": (0.25, 0.30), "tokens_max": 11_000_000, "tools_min": 6000, "drills_min": 20000,
+            "asks_min": 10, "asks_median": (10, 25)},
+}
+WORDS = re.compile(r"[a-z][a-z'-]+")
+TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
+# drill questions that ask how to do something: their answers start with the doing, not the subject
+HOW = ("How", "In Python", "Which Python", "Python", "What's the Python", "I want", "What should I call")
+
+
+def _between(x, lo_hi):
+    return lo_hi[0] <= x <= lo_hi[1]
+
+
+def common(work: Path, variant: str) -> tuple[list, dict]:
+    """Held-out questions neither asked nor written in a note, the stats of this variant with every
+    focused fact in >= 5 phrasings: (problems, stats)."""
+    import prepare_v3
+
+    corpus = Path(work) / "corpus"
+    problems = [f"held-out question asked: {k!r} x{n}" for k, n in prepare_v3.leak_check(corpus).items()]
+    problems += [f"note asks: {k!r} x{n}" for k, n in prepare_v3.notes_check(corpus).items()]
+    stats = json.loads((corpus / "stats.json").read_text())
+    if stats.get("variant") != variant:
+        problems.append(f"stats.json is of variant {stats.get('variant')!r}, not {variant!r}")
+    if stats["focus"]["phrasings_min"] < 5:
+        problems.append(f"a focused fact has {stats['focus']['phrasings_min']} phrasings (< 5)")
+    return problems, stats
+
+
+def shares(work: Path, lim: dict) -> list:
+    by_kind = Path(work) / "data" / "tokens_by_kind.json"
+    if not by_kind.exists():
+        return []   # the corpus step alone: no tokens yet
+    toks = json.loads(by_kind.read_text())
+    out = []
+    if not _between(toks["notes_share"], lim["notes_share"]):
+        out.append(f"notes are {toks['notes_share']:.1%} of the tokens, outside {lim['notes_share']}")
+    if toks["total"] > lim["tokens_max"]:
+        out.append(f"{toks['total']:,} tokens, more than {lim['tokens_max']:,}")
+    return out
+
+
+def check_v3d(work: Path, lim: dict | None = None, sample: int = 12) -> list:
+    """v3d: the common checks, 2,000-4,000 focused facts, notes 30-40 % of <= 10.5M tokens, and where
+    WordNet is installed a seeded sample of each kind's facts found in >= 5 phrasings in the notes."""
+    lim = lim or LIMITS["v3d"]
+    problems, stats = common(work, "v3d")
+    if not _between(stats["focus"]["facts_total"], lim["facts_total"]):
+        problems.append(f"{stats['focus']['facts_total']} focused facts, outside {lim['facts_total']}")
+    problems += shares(work, lim)
+    if sample and Path("/usr/share/wordnet/data.noun").exists():
+        import conversations as C
+
+        tool_words = {w.strip() for w in (HERE / "tool_words.txt").read_text().split()}
+        facts = V3.focus_facts(*H._wordnet(), lambda w: w in tool_words or w in C.HELDOUT_TOPICS)
+        if {k: len(v) for k, v in facts.items()} != stats["focus"]["facts"]:
+            problems.append("the focused facts counted now differ from stats.json's")
+        notes = " ".join(json.loads(l)["text"] for l in open(Path(work) / "corpus" / "docs.jsonl")
+                         if '"kind": "note_' in l)
+        rng = random.Random(0)
+        for kind, fs in facts.items():
+            for f in rng.sample(fs, min(sample, len(fs))):
+                ph = set(V3.fact_phrasings(kind, f))
+                if len(ph) < 5 or sum(p in notes for p in ph) < 5:
+                    problems.append(f"{kind} fact about {f['subject']!r} in fewer than 5 phrasings in the notes")
+    return problems
+
+
+def check_v3e(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3e: the common checks; no user turn of a drill or tool document names a held-out subject (any
+    category); no short user question anywhere asks a held-out item's question about its subject;
+    every drill answer shares a word with its question and, unless it tells how to do something,
+    names the question's subject before its first " is "; the drills, tool conversations, asks per
+    subject and token shares within LIMITS."""
+    lim = lim or LIMITS["v3e"]
+    problems, stats = common(work, "v3e")
+    if stats["docs_by_kind"].get("tools", 0) < lim["tools_min"]:
+        problems.append(f"{stats['docs_by_kind'].get('tools', 0)} tool conversations, fewer than {lim['tools_min']}")
+    lo, med, _ = stats["v3e"]["asks_per_subject_min_median_max"]
+    if lo < lim["asks_min"] or not _between(med, lim["asks_median"]):
+        problems.append(f"asks per subject min {lo} median {med}, want min >= {lim['asks_min']}, median in {lim['asks_median']}")
+    held = V3.heldout_subjects() if held is None else held
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
+    ex = H.Exclusion()
+    n_drill = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        if d["kind"].startswith("note_") or d["kind"] == "prose":
+            continue
+        turns = TURN.findall(d["text"])
+        for i, (role, t) in enumerate(turns):
+            if role != "user" or t.startswith("<tool_response>"):
+                continue
+            if len(t) <= 200 and ex({"kind": "x", "messages": [t]}):   # a question, not a pasted passage
+                problems.append(f"a held-out item's question is asked: {t!r}")
+            if d["kind"] in ("drill", "tools") and held_re.search(t.lower()):
+                problems.append(f"a {d['kind']} question names a held-out subject: {t!r}")
+            if d["kind"] == "drill" and i + 1 < len(turns):
+                n_drill += 1
+                ans = turns[i + 1][1].split("</think>")[-1].strip()
+                words = set(WORDS.findall(t.lower()))
+                if not words & set(WORDS.findall(ans.lower())):
+                    problems.append(f"a drill answer shares no word with its question: {t!r} -> {ans!r}")
+                elif not t.startswith(HOW) and "`" not in ans and \
+                        not set(WORDS.findall(ans.split(" is ")[0].lower())) & words:
+                    problems.append(f"a drill answer does not name its subject first: {t!r} -> {ans!r}")
+    if n_drill < lim["drills_min"] or stats["v3e"]["drill_exchanges"] < lim["drills_min"]:
+        problems.append(f"{n_drill} drill exchanges found ({stats['v3e']['drill_exchanges']} counted), "
+                        f"fewer than {lim['drills_min']}")
+    return problems + shares(work, lim)
+
+
+CHECKS = {"v3d": check_v3d, "v3e": check_v3e}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", choices=sorted(CHECKS), required=True)
+    ap.add_argument("--work", default=None, help="the prepared folder (default artifacts/demo/<variant>)")
+    a = ap.parse_args()
+    work = Path(a.work or REPO / "artifacts" / "demo" / a.variant)
+    if not (work / "corpus" / "docs.jsonl").exists():
+        raise SystemExit(f"{work}/corpus/docs.jsonl is missing: prepare it first "
+                         f"(python scripts/demo_model/prepare_v3.py --variant {a.variant})")
+    problems = CHECKS[a.variant](work)
+    for p in problems[:50]:
+        print(p)
+    if problems:
+        raise SystemExit(f"{len(problems)} problems in {work}")
+    print(f"{work}: fit to train")
+
+
+if __name__ == "__main__":
+    main()
