@@ -33,6 +33,42 @@ TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 HOW = ("How", "In Python", "Which Python", "Python", "What's the Python", "I want", "What should I call")
 
 
+def leak_check(corpus_dir):
+    """No held-out question (nor a Python one's task) is asked in the corpus: {what: count} over
+    the user turns (the docs' own sentences, "Add an item to the end of the list.", stay in the
+    tutorial prose and in answers: that is the corpora's knowledge, not the question)."""
+    items = H.load()
+    keys = [it["question"].lower() for it in items] + [t for t in (H._task_of(it["question"]) for it in items
+                                                                   if it["category"] == "python") if t]
+    pat = re.compile("|".join(re.escape(k) for k in sorted(set(keys), key=len, reverse=True)))
+    found = {}
+    with open(Path(corpus_dir) / "docs.jsonl") as f:
+        for line in f:
+            for turn in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", json.loads(line)["text"].lower(), re.S):
+                for m in pat.finditer(turn):
+                    found[m.group(0)] = found.get(m.group(0), 0) + 1
+    return found
+
+
+def notes_check(corpus_dir):
+    """The notes state, they never ask: {what: count} of notes holding a question mark or a
+    held-out question's text (the user turns are leak_check's)."""
+    qs = [it["question"].lower() for it in H.load()]
+    found = {}
+    with open(Path(corpus_dir) / "docs.jsonl") as f:
+        for line in f:
+            d = json.loads(line)
+            if not d["kind"].startswith("note_"):
+                continue
+            t = d["text"].lower()
+            if "?" in t:
+                found["a note with '?'"] = found.get("a note with '?'", 0) + 1
+            for q in qs:
+                if q in t:
+                    found[q] = found.get(q, 0) + 1
+    return found
+
+
 def _between(x, lo_hi):
     return lo_hi[0] <= x <= lo_hi[1]
 
@@ -40,11 +76,9 @@ def _between(x, lo_hi):
 def common(work: Path, variant: str) -> tuple[list, dict]:
     """Held-out questions neither asked nor written in a note, the stats of this variant with every
     focused fact in >= 5 phrasings: (problems, stats)."""
-    import prepare_v3
-
     corpus = Path(work) / "corpus"
-    problems = [f"held-out question asked: {k!r} x{n}" for k, n in prepare_v3.leak_check(corpus).items()]
-    problems += [f"note asks: {k!r} x{n}" for k, n in prepare_v3.notes_check(corpus).items()]
+    problems = [f"held-out question asked: {k!r} x{n}" for k, n in leak_check(corpus).items()]
+    problems += [f"note asks: {k!r} x{n}" for k, n in notes_check(corpus).items()]
     stats = json.loads((corpus / "stats.json").read_text())
     if stats.get("variant") != variant:
         problems.append(f"stats.json is of variant {stats.get('variant')!r}, not {variant!r}")

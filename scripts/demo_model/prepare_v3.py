@@ -42,48 +42,6 @@ def size_mib(p: Path) -> float:
         else round(p.stat().st_size / 2**20, 2)
 
 
-def leak_check(corpus_dir):
-    """No held-out question (nor a Python one's task) is asked in the corpus: {what: count} over
-    the user turns (the docs' own sentences, "Add an item to the end of the list.", stay in the
-    tutorial prose and in answers: that is the corpora's knowledge, not the question)."""
-    import re
-
-    import heldout_everyday as H
-
-    items = H.load()
-    keys = [it["question"].lower() for it in items] + [t for t in (H._task_of(it["question"]) for it in items
-                                                                   if it["category"] == "python") if t]
-    pat = re.compile("|".join(re.escape(k) for k in sorted(set(keys), key=len, reverse=True)))
-    found = {}
-    with open(Path(corpus_dir) / "docs.jsonl") as f:
-        for line in f:
-            for turn in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", json.loads(line)["text"].lower(), re.S):
-                for m in pat.finditer(turn):
-                    found[m.group(0)] = found.get(m.group(0), 0) + 1
-    return found
-
-
-def notes_check(corpus_dir):
-    """The notes state, they never ask: {what: count} of notes holding a question mark or a
-    held-out question's text (the user turns are leak_check's)."""
-    import heldout_everyday as H
-
-    qs = [it["question"].lower() for it in H.load()]
-    found = {}
-    with open(Path(corpus_dir) / "docs.jsonl") as f:
-        for line in f:
-            d = json.loads(line)
-            if not d["kind"].startswith("note_"):
-                continue
-            t = d["text"].lower()
-            if "?" in t:
-                found["a note with '?'"] = found.get("a note with '?'", 0) + 1
-            for q in qs:
-                if q in t:
-                    found[q] = found.get(q, 0) + 1
-    return found
-
-
 def tokens_by_kind(corpus_dir, data_dir):
     """Tokens (each document's end token included) by document kind, from docs.jsonl's order and
     docs.npy's starts: {kind: tokens}, "notes" (all note_* kinds) and "notes_share"."""
@@ -123,11 +81,13 @@ def main():
         import conversations_v3
 
         conversations_v3.build(work / "corpus", variant=a.variant)
-        leaks = leak_check(work / "corpus")
+        import check_v3
+
+        leaks = check_v3.leak_check(work / "corpus")
         print("held-out questions found in the corpus:", leaks or "none")
         if leaks:
             raise SystemExit("the corpus holds held-out questions")
-        asks = notes_check(work / "corpus")
+        asks = check_v3.notes_check(work / "corpus")
         print("notes that ask something:", asks or "none")
         if asks:
             raise SystemExit("a note asks a question")
