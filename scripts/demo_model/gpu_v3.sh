@@ -17,6 +17,8 @@
 #   V3.json, runs.tgz    the run's losses, tokens/s and args; stdout and calls.log
 #
 #   bash artifacts/demo/v3/carry/scripts/gpu_v3.sh train        # OUT=$OUT on the device machine
+#   RESUME_DIR=/tmp/v3_work/runs/V3 LR=1e-3 bash .../gpu_v3.sh train   # the next call, same warm machine:
+#                        SECS more seconds of training from the first call's weights (-> runs_more)
 #
 # Timing (one call, 600 s limit; the machine start is not counted in it): untar ~10 s, model build
 # and the first steps ~30 s, training by wall clock until STOP_AT (TRAIN_BUDGET 470 s after the
@@ -44,7 +46,16 @@ train)
   CONFIG=${CONFIG:-$S/configs/v3.json}
   [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
   RESUME=""   # v3b: training resumed from a packed run carried as init.q8.safetensors (prepare_v3.py --init)
-  if [ -f $G/init.q8.safetensors ]; then
+  RUNS=$W/runs
+  if [ -n "${RESUME_DIR:-}" ]; then
+    # More training in the next call on the same warm machine: the previous call's run is still in
+    # /tmp/v3_work (no carried weights, no unpacking); a new schedule of SECS with a short warm-up and
+    # the acceptance term on from the start (v3b's second phase), written beside the first run.
+    ls "$RESUME_DIR"-*.safetensors > /dev/null 2>&1 || { log "no shards at $RESUME_DIR (the machine was released?)"; exit 3; }
+    RESUME="--resume $RESUME_DIR --warmup 20 --accept-start 0.0 --accept-ramp 0.0 --seed 36"
+    RUNS=$W/runs_more
+    log "continuing from $RESUME_DIR ($(cat "$RESUME_DIR.json" 2>/dev/null | head -c 120))"
+  elif [ -f $G/init.q8.safetensors ]; then
     python3 $S/shards_q8.py unpack $G/init.q8.safetensors $W/init/V3 && RESUME="--resume $W/init/V3"
     log "resuming from $(sha256sum $G/init.q8.safetensors | cut -c1-16)"
   fi
@@ -66,13 +77,13 @@ train)
   # windows stay trained). The first phase then gets the budget before it.
   P1_STOP=$STOP_AT; P1_SECS=$SECS
   [ -n "${EXTRA2:-}" ] && { P1_STOP=$(( STOP_AT - ${SECS2:-120} )); P1_SECS=$(( SECS - ${SECS2:-120} )); }
-  train ${RUN_LIMIT:-540} --out $W/runs --seconds "$P1_SECS" --stop-at $P1_STOP --lr ${LR:-2e-3} --warmup 60 \
+  train ${RUN_LIMIT:-540} --out $RUNS --seconds "$P1_SECS" --stop-at $P1_STOP --lr ${LR:-2e-3} --warmup 60 \
     --accept-start 0.4 --accept-ramp 0.3 --seed 35 $RESUME ${EXTRA:-} > $W/V3.stdout 2>&1
   log "train exit $? after $(( $(date +%s) - START )) s"
-  FINAL=$W/runs/V3
+  FINAL=$RUNS/V3
   if [ -n "${EXTRA2:-}" ]; then
     train $(( STOP_AT - $(date +%s) + 60 )) --out $W/runs2 --seconds "${SECS2:-120}" --stop-at $STOP_AT \
-      --resume $W/runs/V3 --lr ${LR2:-${LR:-2e-3}} --warmup 20 --accept-start 0.0 --accept-ramp 0.0 --seed 36 \
+      --resume $RUNS/V3 --lr ${LR2:-${LR:-2e-3}} --warmup 20 --accept-start 0.0 --accept-ramp 0.0 --seed 36 \
       $EXTRA2 >> $W/V3.stdout 2>&1
     log "phase 2 exit $? after $(( $(date +%s) - START )) s"
     FINAL=$W/runs2/V3
