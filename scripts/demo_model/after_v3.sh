@@ -42,15 +42,15 @@ if [ $had_torch = 0 ]; then
   if [ -n "$wheel" ]; then $PY -m uv pip install -q --python $PY "$wheel"
   else $PY -m uv pip install -q --python $PY torch --index-url https://download.pytorch.org/whl/cpu; fi
 fi
-trap '[ $had_torch = 0 ] && $PY -m uv pip uninstall -q --python $PY torch || true' EXIT
+drop_torch() { [ $had_torch = 1 ] || $PY -m uv pip uninstall -q --python $PY torch; had_torch=1; }
+trap drop_torch EXIT
 $PY scripts/demo_model/shards_q8.py unpack "$D/V3.q8.safetensors" "$D/runs/V3"
 rm -rf "$D/model"
 $PY scripts/demo_model/export.py --run "$D/runs/V3" --text-config "$CONFIG" --tokenizer "$A/tokenizer" --out "$D/model" \
   --trunk-bits 8 --mtp-bits 8
 $PY scripts/demo_model/verify.py --model "$D/model" --run "$D/runs/V3" --text-config "$CONFIG"
 say "model: $D/model ($(du -sh "$D/model" | cut -f1))"
-[ $had_torch = 0 ] && $PY -m uv pip uninstall -q --python $PY torch   # the engine's measures run as a user's .venv does
-trap - EXIT
+drop_torch   # the engine's measures run in .venv as a user's is
 
 for part in $PARTS; do
   case $part in

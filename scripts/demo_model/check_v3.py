@@ -1,4 +1,4 @@
-"""What a prepared v3d / v3e corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -73,12 +73,18 @@ def _between(x, lo_hi):
     return lo_hi[0] <= x <= lo_hi[1]
 
 
-def common(work: Path, variant: str) -> tuple[list, dict]:
-    """Held-out questions neither asked nor written in a note, the stats of this variant with every
-    focused fact in >= 5 phrasings: (problems, stats)."""
+def check_held_out(work: Path, lim: dict | None = None) -> list:
+    """Every variant (v3c's whole check): no held-out question asked, no note that asks."""
     corpus = Path(work) / "corpus"
-    problems = [f"held-out question asked: {k!r} x{n}" for k, n in leak_check(corpus).items()]
-    problems += [f"note asks: {k!r} x{n}" for k, n in notes_check(corpus).items()]
+    return ([f"held-out question asked: {k!r} x{n}" for k, n in leak_check(corpus).items()]
+            + [f"note asks: {k!r} x{n}" for k, n in notes_check(corpus).items()])
+
+
+def common(work: Path, variant: str) -> tuple[list, dict]:
+    """check_held_out, and the stats of this variant with every focused fact in >= 5 phrasings:
+    (problems, stats)."""
+    corpus = Path(work) / "corpus"
+    problems = check_held_out(work)
     stats = json.loads((corpus / "stats.json").read_text())
     if stats.get("variant") != variant:
         problems.append(f"stats.json is of variant {stats.get('variant')!r}, not {variant!r}")
@@ -170,15 +176,15 @@ def check_v3e(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems + shares(work, lim)
 
 
-CHECKS = {"v3d": check_v3d, "v3e": check_v3e}
+CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", choices=sorted(CHECKS), required=True)
-    ap.add_argument("--work", default=None, help="the prepared folder (default artifacts/demo/<variant>)")
+    ap.add_argument("--work", default=None, help="the prepared folder (default artifacts/demo/<variant>, v3c: artifacts/demo/v3)")
     a = ap.parse_args()
-    work = Path(a.work or REPO / "artifacts" / "demo" / a.variant)
+    work = Path(a.work or REPO / "artifacts" / "demo" / {"v3c": "v3"}.get(a.variant, a.variant))   # prepare_v3.WORKS
     if not (work / "corpus" / "docs.jsonl").exists():
         raise SystemExit(f"{work}/corpus/docs.jsonl is missing: prepare it first "
                          f"(python scripts/demo_model/prepare_v3.py --variant {a.variant})")
