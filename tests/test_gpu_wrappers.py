@@ -345,10 +345,14 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True,
                         trials=LoadOptions.from_settings(Settings(gpu_trials="batch-verify-wait")).gpu_trials)
     assert (b.few.submit_verify_every, b.few.submit_batch_verify_every) == (0, 0) and "batch-verify-wait" in b.note
+    assert b.few.submit_batch_step_every == 0
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True,
+                        trials=LoadOptions.from_settings(Settings(gpu_trials="batch-submit")).gpu_trials)
+    assert (b.few.submit_batch_step_every, b.few.submit_batch_verify_every) == (8, 8) and "batch-submit" in b.note
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -371,6 +375,9 @@ def test_a_verify_of_several_sequences_is_handed_to_the_device_in_parts(monkeypa
 
     assert (parts(True, True), parts(True, True, n=16)) == (2, 1)   # after layers 8 and 16; 8 alone
     assert (parts(True, False), parts(False, True), parts(False, False)) == (0, 0, 0)
+    run.submit_batch_step_every = 8   # the "batch-submit" trial: a batch's plain step too, never one sequence's
+    assert (parts(False, True), parts(False, False), parts(True, False)) == (2, 0, 0)
+    run.submit_batch_step_every = 0
     run.submit_batch_verify_every = 0   # the "batch-verify-wait" trial
     assert parts(True, True) == 0
 

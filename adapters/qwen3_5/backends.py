@@ -117,7 +117,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
     on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
-    batch-verify-wait)."""
+    batch-verify-wait, batch-submit)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     on_cpu = device == mx.cpu
@@ -146,6 +146,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
             few.submit_verify_every = 8 if "verify-submit" in trials else 0
             if "batch-verify-wait" in trials:
                 few.submit_batch_verify_every = 0
+            few.submit_batch_step_every = 8 if "batch-submit" in trials else 0
             few.swiglu_mlp = "swiglu" in trials and kb == "cuda"
             if trials:
                 said += f"; trials on: {', '.join(sorted(trials))}"

@@ -77,6 +77,9 @@ class GpuKernels(MlxOps):
     # of 6 pairs, where one sequence's verify lost ~8 % (docs/bench/2026-12-03/GPU.md, sections 15
     # and 16). "batch-verify-wait" turns it off.
     submit_batch_verify_every = 8
+    # "batch-submit": a plain step of several sequences (AR at B > 1) the same way. Its step is
+    # host-bound at 4 (build 3.3 + submit 4.3 ms against 7.6 ms synced, GPU.md section 14).
+    submit_batch_step_every = 0
 
     def linear(self, m, x):
         return self._rows(m, x, m)

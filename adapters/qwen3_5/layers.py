@@ -254,10 +254,11 @@ def run_trunk(run, stack: Stack, h: mx.array, cache: list, capture: bool, delta:
 
 def _submit(run, h: mx.array, i: int, n: int, capture: bool = False, batch: bool = False) -> None:
     """Start the device on the layers built so far (a backend's `submit_every`, for a verify its
-    `submit_verify_every`, for a verify of several sequences `submit_batch_verify_every`): values
-    are the same, the host's graph building overlaps the device's work instead of preceding it."""
+    `submit_verify_every`, for a verify of several sequences `submit_batch_verify_every`, for a
+    plain step of several `submit_batch_step_every`): values are the same, the host's graph
+    building overlaps the device's work instead of preceding it."""
     every = run.submit_every or (run.submit_verify_every if capture else 0) or (
-        run.submit_batch_verify_every if capture and batch else 0)
+        (run.submit_batch_verify_every if capture else run.submit_batch_step_every) if batch else 0)
     if every and (i + 1) % every == 0 and i + 1 < n:
         mx.async_eval(h)
 

@@ -46,6 +46,7 @@ class MlxOps:
     submit_every = 0  # layers.run_trunk: hand the device every this many layers (0: at the end)
     submit_verify_every = 0   # the same for a verify's forward (a capturing one) alone
     submit_batch_verify_every = 0   # the same for a verify of several sequences at once
+    submit_batch_step_every = 0   # the same for a plain (not capturing) step of several sequences
 
     def __init__(self, cpu_attention: bool = False, row_invariant: bool = False):
         self.cpu_attention = cpu_attention  # long forwards on the CPU: kernels/cpu_attention.py

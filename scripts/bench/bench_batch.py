@@ -293,9 +293,12 @@ def main():
             stall(adapter, a.lanes[0], a.depth, ps, long_prompt, chunk, 4 * a.tokens)
     for mode in a.lanes:
         solo = [alone(adapter, mode, a.depth, p, a.tokens) for p in ps[:max(a.requests)]]
-        rows = {}
+        rows, runs = {}, {B: [] for B in a.requests}
+        for _ in range(a.repeats):   # the sizes take turns: a GPU host's speed drifts 10-30 % in minutes
+            for B in a.requests:
+                runs[B].append(run(adapter, mode, a.depth, ps[:B], a.tokens))
         for B in a.requests:
-            reps = [run(adapter, mode, a.depth, ps[:B], a.tokens) for _ in range(a.repeats)]
+            reps = runs[B]
             r = sorted(reps, key=lambda x: x["aggregate_tok_s"])[len(reps) // 2]   # the median run
             if a.repeats > 1:
                 r["runs_aggregate_tok_s"] = [x["aggregate_tok_s"] for x in reps]
@@ -311,6 +314,13 @@ def main():
             for B in rows:
                 rows[B]["aggregate_vs_1"] = round(rows[B]["aggregate_tok_s"] / rows[1]["aggregate_tok_s"], 3)
                 rows[B]["decode_vs_1"] = round(rows[B]["decode_tok_s"] / rows[1]["decode_tok_s"], 3)
+                # each repeat's B against its own one-request run, minutes closer than the medians' runs
+                paired = [x["aggregate_tok_s"] / y["aggregate_tok_s"] for x, y in zip(runs[B], runs[1])]
+                rows[B]["paired_vs_1"] = [round(x, 3) for x in paired]
+                rows[B]["paired_vs_1_median"] = round(statistics.median(paired), 3)
+                if B > 1:
+                    print(f"{mode} B={B} / B=1, each repeat: {rows[B]['paired_vs_1']} (median "
+                          f"{rows[B]['paired_vs_1_median']}x)", flush=True)
         lane = {"alone_tok_s": [round(x[0], 2) for x in solo], "alone_tokens": [x[1] for x in solo],
                 "by_batch": rows}
         if 1 in rows:
