@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 import mlx.core as mx
 
-from .sampling import argmax, categorical
+from .sampling import categorical
 
 
 def residual(p: mx.array, q: mx.array) -> mx.array:
@@ -71,7 +71,7 @@ def verify_drafts(p, q, drafts: mx.array, keys: mx.array, greedy: bool = False) 
     if greedy:
         # p and q are one-hot: accept iff the draft is p's argmax; the residual (or p
         # itself) is then one-hot at that argmax, so the replacement is the argmax too.
-        best = argmax(p)
+        best = mx.argmax(p, axis=-1)
         return drafts == best[..., :D], best[..., :D], best[..., D:]
     accepted = mx.random.uniform(shape=(D,), key=keys[0]) < acceptance_probability(p, q, drafts)
     c_idx, c = correction_distribution(p, q)

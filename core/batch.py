@@ -35,7 +35,7 @@ import mlx.core as mx
 from .acceptance import accepted_prefix, verify_drafts
 from .constraints import allowed_after, lazy_free
 from .costs import DepthPolicy
-from .sampling import KeyStream, all_finite, argmax, check_finite, greedy_rows_or_flag, sample_or_flag
+from .sampling import KeyStream, all_finite, check_finite, greedy_rows_or_flag, sample_or_flag
 from .stats import WallClock
 from .stream import Lane
 
@@ -376,7 +376,7 @@ class Batch:
             draft_logits.append(logits)
             hs = mx.split(g, B) if B > 1 else [g]
             if plain:   # one column of the batch's drafts [B]
-                drafts.append(argmax(logits))
+                drafts.append(mx.argmax(logits, axis=-1))
                 ts = mx.split(drafts[-1][:, None], B)
                 continue
             for b, s in enumerate(seqs):

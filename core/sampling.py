@@ -20,28 +20,6 @@ class NonFiniteLogitsError(RuntimeError):
     pass
 
 
-# The argmax of logit rows, for every greedy draw, test and flag here and in core.batch and
-# core.acceptance: MLX's, unless a backend set a faster one at load (use_row_argmax). Whichever
-# runs, the result is defined, not computed: the lowest index of each row's maximum (a backend's
-# must equal mx.argmax on its check), so both lanes get the same tokens from it.
-_row_argmax = None
-
-
-def use_row_argmax(fn) -> None:
-    """fn(x) -> mx.argmax(x, axis=-1) for wide rows (None: MLX's own); `supports(x)` on fn says
-    which arrays it takes."""
-    global _row_argmax
-    _row_argmax = fn
-
-
-def argmax(x: mx.array) -> mx.array:
-    """mx.argmax(x, axis=-1) (uint32), through the backend's row argmax where it takes x."""
-    fn = _row_argmax
-    if fn is not None and fn.supports(x):
-        return fn(x)
-    return mx.argmax(x, axis=-1)
-
-
 @dataclass(frozen=True)
 class SamplerConfig:
     """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off.
@@ -82,7 +60,7 @@ class SamplerConfig:
         """logits [..., V] -> fp32 probabilities [..., V] of the filtered distribution."""
         logits = self.mask(logits, allowed)
         if self.greedy:
-            top = argmax(logits)[..., None]
+            top = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
         idx, p = self.support(logits)
         return p if idx is None else _scatter(idx, p, logits.shape)
@@ -95,7 +73,7 @@ class SamplerConfig:
         """(token, support) for a draft: the draw and the distribution it came from, as
         support = (indices or None, probabilities over them); support is None when greedy."""
         if self.greedy:
-            return argmax(self.mask(logits, allowed)), None
+            return mx.argmax(self.mask(logits, allowed), axis=-1), None
         idx, p = self.support(logits, allowed)
         j = categorical(p, key)
         if idx is None:
@@ -148,7 +126,7 @@ def greedy_rows_or_flag(logits: mx.array) -> mx.array:
     Exact per row: argmax compares within its row (ties to the lowest index either way), and a
     NaN or infinity makes its row's sum non-finite in any order."""
     ok = mx.isfinite(logits.sum(axis=-1))
-    return mx.where(ok, argmax(logits).astype(mx.int32), -1)
+    return mx.where(ok, mx.argmax(logits, axis=-1).astype(mx.int32), -1)
 
 
 def check_finite(ok: bool, where: str) -> None:

@@ -356,48 +356,6 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
         Settings(gpu_trials="swiglu,tiles")
 
 
-def test_greedy_draws_go_through_the_backends_row_argmax(tiny_model_dir, monkeypatch):
-    """core.sampling.argmax: a backend's row argmax serves every greedy draw, test and flag of both
-    lanes where it takes the rows (tokens unchanged: it must equal mx.argmax), MLX's where it does
-    not. A CPU load sets none; a CUDA load sets the split-row kernel where it passed its check, and
-    keeps MLX's, saying why, where it did not."""
-    from adapters.kernels import cuda_argmax
-    from core import sampling
-
-    monkeypatch.setattr(sampling, "_row_argmax", None)
-    ad = load_adapter(tiny_model_dir)
-    assert sampling._row_argmax is None
-    ids = ad.tokenizer.encode("Define harbor.")
-    greedy = SamplerConfig(temperature=0)
-    want = {lane: list(dec(ad, sampler=greedy, **kw).generate(ids, max_tokens=12)[0])
-            for lane, dec, kw in (("ar", AutoregressiveDecoder, {}), ("mtp", SpeculativeDecoder, {"depth": 2}))}
-    seen = []
-
-    def counted(x):
-        seen.append(x.shape)
-        return mx.argmax(x, axis=-1)
-    for takes in (True, False):
-        counted.supports = lambda x, takes=takes: takes
-        seen.clear()
-        sampling.use_row_argmax(counted)
-        got = {lane: list(dec(ad, sampler=greedy, **kw).generate(ids, max_tokens=12)[0])
-               for lane, dec, kw in (("ar", AutoregressiveDecoder, {}), ("mtp", SpeculativeDecoder, {"depth": 2}))}
-        assert got == want and want["ar"] == want["mtp"]
-        assert (len(seen) >= 12) if takes else not seen
-    # A CUDA load (the kernels' checks stood in for): the kernel where its own check passed.
-    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
-    monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))
-    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
-    for verdict in (None, "the row argmax kernel differs from mx.argmax"):
-        monkeypatch.setattr(kernels, "row_argmax_verdict", lambda v=verdict: v)
-        b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
-        assert sampling._row_argmax is (cuda_argmax.row_argmax if verdict is None else None)
-        assert (f"greedy draws through MLX's argmax ({verdict})" in b.note) == (verdict is not None)
-    backends.choose("float32", [nn.RoPE(8)], device=mx.cpu)
-    assert sampling._row_argmax is None
-    assert cuda_argmax.supported(mx.zeros((2, 248_320), mx.bfloat16)) and not cuda_argmax.supported(mx.zeros((1, 4096)))
-
-
 def test_a_verify_of_several_sequences_is_handed_to_the_device_in_parts(monkeypatch):
     """layers._submit: with the GPU runner's defaults a verify of several sequences starts the
     device every 8 layers (never after the last), while one sequence's verify, a batch's plain

@@ -40,8 +40,6 @@ from typing import Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from core import sampling
-
 from .. import kernel_cache, kernels
 from .cpu_runner import CpuCompiled, CpuCompiledBatch
 from .gpu_runner import CompiledGpuKernels, GpuKernels, GpuPrefill
@@ -122,7 +120,6 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     batch-verify-wait, batch-submit)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
-    sampling.use_row_argmax(None)   # MLX's argmax unless the CUDA kernels below pass their checks
     on_cpu = device == mx.cpu
     if on_cpu and compute_dtype == "float32":
         long = MlxOps(cpu_attention=True)
@@ -147,12 +144,6 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
             few = runner(kb, fused_gdn=on[0], fused_attention=on[1])
             few.submit_every = 8 if "submit" in trials else 0
             few.submit_verify_every = 8 if "verify-submit" in trials else 0
-            if kb == "cuda" and kernels.cuda_available():   # (tests stand in for a CUDA load on the CPU)
-                argmax_why = kernels.row_argmax_verdict()
-                if argmax_why is None:
-                    sampling.use_row_argmax(kernels.cuda_argmax.row_argmax)
-                else:
-                    said += f"; greedy draws through MLX's argmax ({argmax_why})"
             if "batch-verify-wait" in trials:
                 few.submit_batch_verify_every = 0
             few.submit_batch_step_every = 8 if "batch-submit" in trials else 0

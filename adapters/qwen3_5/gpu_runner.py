@@ -77,8 +77,9 @@ class GpuKernels(MlxOps):
     # of 6 pairs, where one sequence's verify lost ~8 % (docs/bench/2026-12-03/GPU.md, sections 15
     # and 16). "batch-verify-wait" turns it off.
     submit_batch_verify_every = 8
-    # "batch-submit": a plain step of several sequences (AR at B > 1) the same way. Its step is
-    # host-bound at 4 (build 3.3 + submit 4.3 ms against 7.6 ms synced, GPU.md section 14).
+    # "batch-submit": a plain step of several sequences (AR at B > 1) the same way. Lost both pairs
+    # on the H200 (AR at 4 requests 2.64 / 2.42x one request against 2.88 / 2.70x, 2026-12-04 GPU.md
+    # section 18): a trial, off.
     submit_batch_step_every = 0
 
     def linear(self, m, x):

@@ -31,7 +31,6 @@ import mlx.core as mx  # noqa: E402
 from adapters import load_adapter  # noqa: E402
 from core import AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, SpeculativeDecoder  # noqa: E402
 from core.chat import padded_chat_prompt  # noqa: E402
-from core import sampling  # noqa: E402
 from core.costs import expected_tokens  # noqa: E402
 from core.stream import cache_prompt  # noqa: E402
 from scripts.gpu.gpu_exact import forward_seconds  # noqa: E402
@@ -55,21 +54,16 @@ def restored(ad, pc: PrefixCache, ids):
     return cache, draft, snap.hidden
 
 
-def draft_step_seconds(ad, cache, draft, hidden, ids, repeats: int = 9) -> dict:
-    """Median seconds of a synchronised draft step with its greedy draw: the engine's argmax
-    (core.sampling.argmax: the backend's row kernel where it passed its check) and MLX's, taking
-    turns round by round; the first two rounds left out."""
+def draft_step_seconds(ad, cache, draft, hidden, ids, repeats: int = 9) -> float:
     t = mx.array([ids[-1:]], dtype=mx.int32)
-    ways = {"draw": sampling.argmax, "mlx_argmax": lambda x: mx.argmax(x, axis=-1)}
-    runs = {k: [] for k in ways}
+    runs = []
     for _ in range(repeats):
-        for k, fn in ways.items():
-            mx.synchronize()
-            t0 = time.perf_counter()
-            _, logits = ad.draft_step(draft, cache, hidden, t)
-            mx.eval(fn(logits))
-            runs[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(r[2:]) for k, r in runs.items()}
+        mx.synchronize()
+        t0 = time.perf_counter()
+        _, logits = ad.draft_step(draft, cache, hidden, t)
+        mx.eval(mx.argmax(logits, axis=-1))
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs[2:])
 
 
 def decode(ad, pc, ids, lane: str, tokens: int):
@@ -96,19 +90,17 @@ def one_context(ad, context: int, tokens: int) -> dict:
     secs = forward_seconds(ad, cache, toks, widths=(1, 2, 3, 4, 5))
     step = secs[1]
     costs = {w: s / step for w, s in secs.items()}
-    heads = draft_step_seconds(ad, cache, draft, hidden, ids)
-    mtp = heads["draw"] / step
+    mtp = draft_step_seconds(ad, cache, draft, hidden, ids) / step
     projection = {d: expected_tokens(QWYTHOS_ACCEPTANCE, d) / (costs[d + 1] + d * mtp) for d in (1, 2, 3)}
     ar_ids, ar = decode(ad, pc, ids, "ar", tokens)
     mtp_ids, md = decode(ad, pc, ids, "mtp", tokens)
     row = {"context": len(ids), "prefill_s": prefill_s, "prefill_tok_s": (len(ids) - 1) / prefill_s,
            "ar_step_ms": step * 1e3, "verify_in_ar_steps": {str(w): c for w, c in costs.items()},
-           "mtp_step_in_ar_steps": mtp, "mtp_step_mlx_argmax_in_ar_steps": heads["mlx_argmax"] / step,
-           "row_argmax": sampling._row_argmax is not None, "projected_mtp_vs_ar": {str(d): p for d, p in projection.items()},
+           "mtp_step_in_ar_steps": mtp, "projected_mtp_vs_ar": {str(d): p for d, p in projection.items()},
            "ar": ar, "mtp_d2": md, "mtp_peak_over_ar": md["peak_gib"] / ar["peak_gib"],
            "greedy_mtp_equals_ar": ar_ids == mtp_ids}
     log(f"context {len(ids)}: prefill {row['prefill_tok_s']:.0f} tok/s; step {step * 1e3:.2f} ms, verify "
-        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.3f} (with MLX's argmax {heads['mlx_argmax'] / step:.3f}); projected "
+        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.2f}; projected "
         + "/".join(f"{projection[d]:.2f}x" for d in (1, 2, 3)) + f"; peak AR {ar['peak_gib']:.2f} GiB, "
         f"MTP {md['peak_gib']:.2f} GiB; MTP == AR {row['greedy_mtp_equals_ar']}")
     return row

@@ -95,7 +95,7 @@ def collect(full: bool, project: str = PROJECT):
     import adapters  # noqa: F401  (first: it preloads BLAS before mlx loads)
     import mlx.core as mx
     install_recorder()
-    from adapters.kernels import cuda_argmax, cuda_attention, cuda_qmm, gdn, gdn_fused
+    from adapters.kernels import cuda_attention, cuda_qmm, gdn, gdn_fused
 
     bf16, f32 = mx.bfloat16, mx.float32
     dtypes = [bf16, mx.float16] if full else [bf16]
@@ -196,9 +196,6 @@ def collect(full: bool, project: str = PROJECT):
                     mx.zeros((3, 2 * 12288), dt), mx.zeros((4096, 12288 * bits // 32), mx.uint32),
                     mx.zeros((4096, 12288 // 64), dt), mx.zeros((4096, 12288 // 64), dt), bits, 64,
                     residual=mx.zeros((3, 4096), dt), swiglu=True))
-    # the split-row argmax over the vocabulary (a greedy draw): its partials and its fold
-    for dt in (*dtypes, f32):
-        rec(f"row_argmax {dt}", lambda dt=dt: cuda_argmax.row_argmax(mx.zeros((4, 248320), dt)))
     return out
 
 
