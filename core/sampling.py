@@ -20,6 +20,20 @@ class NonFiniteLogitsError(RuntimeError):
     pass
 
 
+# The support with top_k on: MLX's ops here, unless a backend set a kernel for it at load
+# (use_row_topk; the "topk-kernel" GPU trial). Both lanes go through the same one, so AR and MTP
+# keep sampling from one definition; a kernel's kept columns and probabilities are checked
+# against these ops at load.
+_row_topk = None
+
+
+def use_row_topk(fn) -> None:
+    """fn(logits, temperature, top_k, top_p, min_p) -> (indices, probabilities), or None for MLX's
+    ops; `fn.supports(logits, top_k)` says which rows it takes."""
+    global _row_topk
+    _row_topk = fn
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off.
@@ -83,6 +97,9 @@ class SamplerConfig:
     def support(self, logits: mx.array, allowed=None):
         """(indices or None, probabilities over them): with top_k on, only k columns are kept,
         so the filter, the draw and the acceptance test work on k values, not the vocabulary."""
+        fn = _row_topk
+        if fn is not None and allowed is None and fn.supports(logits, self.top_k):
+            return fn(logits, self.temperature, self.top_k, self.top_p, self.min_p)
         x = self.mask(logits.astype(mx.float32), allowed) / self.temperature
         idx = None
         if 0 < self.top_k < x.shape[-1]:

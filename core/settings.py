@@ -17,7 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-kernel")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles",)
 
@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     # sync; the AR step, queued while the one before runs, keeps one submit; a verify of several
     # sequences is handed every 8 layers by default, since section 16), "batch-verify-wait" (that
     # default off, to pair it), "batch-submit" (a plain step of several sequences, AR at B > 1,
-    # handed every 8 layers). Each keeps every row's bits
+    # handed every 8 layers), "topk-kernel" (the sampler's top-k support in two CUDA launches, not
+    # yet measured on a GPU). Each keeps every row's bits
     # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
     # docs/bench/2026-12-03/GPU.md.)

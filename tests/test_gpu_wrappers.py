@@ -352,8 +352,79 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-kernel"):
         Settings(gpu_trials="swiglu,tiles")
+
+
+def test_the_topk_kernels_reference_is_the_samplers_support():
+    """cuda_topk.reference, what the kernel is checked against at load, keeps the sampler's columns
+    with its probabilities (SamplerConfig.support through MLX's ops), in the kernel's order, ties to
+    the lower index; `supported` takes only wide rows and k <= MAX_K."""
+    from adapters.kernels import cuda_topk
+
+    x = (mx.random.normal((3, 20_000), key=mx.random.key(5)) * 3).astype(mx.bfloat16)
+    for temp, k, top_p, min_p in ((0.6, 20, 0.95, 0.0), (1.0, 7, 1.0, 0.1), (0.3, 64, 0.5, 0.0)):
+        idx, p = cuda_topk.reference(x, temp, k, top_p, min_p)
+        want_idx, want_p = SamplerConfig(temperature=temp, top_k=k, top_p=top_p, min_p=min_p).support(x)
+        for r in range(3):
+            got = dict(zip(np.array(idx[r]).tolist(), np.array(p[r]).tolist()))
+            want = dict(zip(np.array(want_idx[r]).tolist(), np.array(want_p[r]).tolist()))
+            assert got.keys() == want.keys() and max(abs(got[c] - want[c]) for c in got) < 1e-6
+        vals = np.array(x.astype(mx.float32))
+        for r in range(3):   # the kernel's order: larger value first, of equal values the lower index
+            pairs = [(-vals[r, c], c) for c in np.array(idx[r]).tolist()]
+            assert pairs == sorted(pairs)
+    tie = mx.where(mx.arange(20_000) % 997 == 3, mx.array(4.0), mx.zeros((20_000,)))[None]
+    assert np.array(cuda_topk.reference(tie, 0.6, 5, 1.0, 0.0)[0]).tolist() == [[3, 1000, 1997, 2994, 3991]]
+    assert cuda_topk.supported(mx.zeros((1, 248_320), mx.bfloat16), 20)
+    assert not cuda_topk.supported(mx.zeros((1, 248_320), mx.bfloat16), 65)
+    assert not cuda_topk.supported(mx.zeros((1, 8192)), 20)
+
+
+def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, monkeypatch):
+    """core.sampling.use_row_topk: a backend's top-k support serves both lanes' sampled draws and
+    verifies where it takes the rows (a stand-in returning MLX's own support: the tokens stay
+    those of MLX's path), never a grammar-masked row; the "topk-kernel" trial sets the CUDA kernel
+    where its check passed and says why not where it failed; a load without the trial sets none."""
+    from adapters.kernels import cuda_topk
+    from adapters.options import LoadOptions
+    from core import sampling
+    from core.settings import Settings
+
+    monkeypatch.setattr(sampling, "_row_topk", None)
+    ad = load_adapter(tiny_model_dir)
+    ids = ad.tokenizer.encode("Define harbor.")
+    sampler = SamplerConfig(temperature=0.6, top_k=20, top_p=0.95)
+    lanes = (("ar", AutoregressiveDecoder, {"seed": 3}), ("mtp", SpeculativeDecoder, {"depth": 2, "seed": 3}))
+    want = {lane: list(dec(ad, sampler=sampler, **kw).generate(ids, max_tokens=12)[0]) for lane, dec, kw in lanes}
+    seen = []
+    plain = SamplerConfig.support
+
+    def stand_in(logits, temperature, top_k, top_p, min_p):
+        seen.append(logits.shape)
+        sampling.use_row_topk(None)   # MLX's ops within the stand-in
+        try:
+            return plain(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p), logits)
+        finally:
+            sampling.use_row_topk(stand_in)
+    stand_in.supports = lambda x, k: True
+    sampling.use_row_topk(stand_in)
+    got = {lane: list(dec(ad, sampler=sampler, **kw).generate(ids, max_tokens=12)[0]) for lane, dec, kw in lanes}
+    assert got == want and len(seen) >= 12
+    seen.clear()
+    SamplerConfig(temperature=0.6, top_k=20).support(mx.zeros((1, 64)), allowed=mx.ones((1, 64), dtype=mx.bool_))
+    assert not seen   # a grammar's mask keeps MLX's ops
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
+    monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))
+    trial = LoadOptions.from_settings(Settings(gpu_trials="topk-kernel")).gpu_trials
+    for verdict in (None, "the top-k support kernel keeps other columns than the reference"):
+        monkeypatch.setattr(kernels, "topk_verdict", lambda v=verdict: v)
+        b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trial)
+        assert sampling._row_topk is (cuda_topk.row_topk_support if verdict is None else None)
+        assert (f"sampled supports through MLX's ops ({verdict})" in b.note) == (verdict is not None)
+    monkeypatch.setattr(kernels, "topk_verdict", lambda: None)
+    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert sampling._row_topk is None
 
 
 def test_a_verify_of_several_sequences_is_handed_to_the_device_in_parts(monkeypatch):

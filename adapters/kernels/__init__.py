@@ -2,6 +2,7 @@
 
 - `cuda_qmm`: a quantized matmul for 1-8 rows on CUDA (the few-row verify and decode steps);
 - `gdn_fused`: a Gated-DeltaNet layer's middle (conv to gated norm) as one CUDA launch;
+- `cuda_topk`: the sampler's top-k support of vocabulary-wide logit rows on CUDA (a trial);
 - `cuda_attention`: a few query rows' attention over the KV cache with the output gate, on CUDA;
 - `gdn`: the Gated-DeltaNet recurrence keeping every state (the reference as MLX ops, and one
   kernel launch for T <= 8 positions on CUDA and Metal), and a prefill chunk's recurrence as
@@ -21,7 +22,7 @@ from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
-from . import cpu_attention, cuda_attention, cuda_qmm, gdn, gdn_fused, jit_cache  # noqa: F401  (jit_cache: backends reads its stats)
+from . import cpu_attention, cuda_attention, cuda_qmm, cuda_topk, gdn, gdn_fused, jit_cache  # noqa: F401  (jit_cache: backends reads its stats)
 from .cuda_qmm import cuda_available
 
 
@@ -166,6 +167,15 @@ def two_tiles(wanted: bool) -> None:
 # Seconds each part of the last self_check took (the start-up note names the slowest: on the H200
 # the whole check took 15-21 s a start, with every kernel already compiled).
 last_check_seconds: Dict[str, float] = {}
+
+
+@lru_cache(maxsize=None)
+def topk_verdict() -> Optional[str]:
+    """cuda_topk.check once a process: None where the kernel's supports equal MLX's, else why not."""
+    try:
+        return cuda_topk.check()
+    except Exception as e:  # a compile or launch failure: MLX's ops serve
+        return f"the top-k support kernel failed: {type(e).__name__}: {e}"
 
 
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,

@@ -9,6 +9,8 @@ mx.argmax, the finiteness sum, the greedy flag of the decoders (core.sampling.gr
 the default sampler's support and draw (T 0.6, top_k 20, top_p 0.95) and their parts
 (argpartition, topk, max). On the H200 (docs/bench/2026-12-04/gpu-s18b-draw.json) a split-row
 argmax kernel took 0.055 ms against mx.argmax's 0.079 but left the MTP step unchanged, so it went.
+On a GPU it also times the support and the draw through the top-k support kernel
+(adapters/kernels/cuda_topk.py, the "topk-kernel" trial) after its check.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ preload_blas()
 
 import mlx.core as mx  # noqa: E402
 
+from adapters.kernels import cuda_topk  # noqa: E402
+from core import sampling  # noqa: E402
 from core.sampling import SamplerConfig, all_finite, greedy_rows_or_flag  # noqa: E402
 
 
@@ -50,10 +54,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
+    why = cuda_topk.check() if mx.default_device() == mx.gpu else "no GPU"
+    print(f"top-k support kernel check: {why or 'passed'}", flush=True)
     sampler = SamplerConfig(temperature=0.6, top_k=20, top_p=0.95)
     key = mx.random.key(3)
     out = {"mlx": mx.__version__, "device": str(mx.default_device()), "machine": platform.node(),
-           "vocab": a.vocab, "rows": {}}
+           "vocab": a.vocab, "topk_kernel_check": why or "passed", "rows": {}}
     for R in a.rows:
         x = (mx.random.normal((R, a.vocab), key=mx.random.key(R)) * 4).astype(mx.bfloat16)
         xf = x.astype(mx.float32)
@@ -69,6 +75,17 @@ def main() -> int:
             "mx.topk k=20 (fp32)": lambda: mx.topk(xf, 20, axis=-1),
             "max (fp32)": lambda: mx.max(xf, axis=-1),
         }
+        if why is None:   # the "topk-kernel" trial's path: the same calls with the kernel set
+            def with_kernel(fn):
+                def run():
+                    sampling.use_row_topk(cuda_topk.row_topk_support)
+                    try:
+                        return fn()
+                    finally:
+                        sampling.use_row_topk(None)
+                return run
+            ops["sampler.support, top-k kernel"] = with_kernel(lambda: sampler.support(x)[1])
+            ops["sampler.draw, top-k kernel"] = with_kernel(lambda: sampler.draw(x, key)[0])
         row = {name: round(synced_ms(fn, a.repeats), 4) for name, fn in ops.items()}
         out["rows"][str(R)] = row
         for name, ms in row.items():

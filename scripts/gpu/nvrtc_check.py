@@ -95,7 +95,7 @@ def collect(full: bool, project: str = PROJECT):
     import adapters  # noqa: F401  (first: it preloads BLAS before mlx loads)
     import mlx.core as mx
     install_recorder()
-    from adapters.kernels import cuda_attention, cuda_qmm, gdn, gdn_fused
+    from adapters.kernels import cuda_attention, cuda_qmm, cuda_topk, gdn, gdn_fused
 
     bf16, f32 = mx.bfloat16, mx.float32
     dtypes = [bf16, mx.float16] if full else [bf16]
@@ -196,6 +196,11 @@ def collect(full: bool, project: str = PROJECT):
                     mx.zeros((3, 2 * 12288), dt), mx.zeros((4096, 12288 * bits // 32), mx.uint32),
                     mx.zeros((4096, 12288 // 64), dt), mx.zeros((4096, 12288 // 64), dt), bits, 64,
                     residual=mx.zeros((3, 4096), dt), swiglu=True))
+    # the sampler's top-k support over the vocabulary (the default sampler's k = 20; k = 64 the widest)
+    for dt in dtypes:
+        for k in (20, 64):
+            rec(f"topk_support k={k} {dt}", lambda dt=dt, k=k: cuda_topk.row_topk_support(
+                mx.zeros((4, 248320), dt), 0.6, k, 0.95, 0.0))
     return out
 
 

@@ -1,0 +1,236 @@
+"""The sampler's top-k support of vocabulary-wide logit rows in two CUDA launches (issue 32).
+
+`core.sampling.SamplerConfig.support` with top_k on keeps the k largest logits of a row, then
+softmax, the top-p cut and min-p over those k. Through MLX's ops that is ~10 small launches:
+0.29 ms at one row, 0.45 ms at four on the H200 at the 9B's 248,320 columns, and a sampled draw
+0.45 / 0.56 ms (docs/bench/2026-12-04/GPU.md, section 18) against a 5.5-6.7 ms AR step. Here:
+
+1. partials: a row's columns split over BLOCKS blocks; each block loads its chunk (scaled by 1/T)
+   into shared memory and picks its k best in k rounds, each round the best element after the
+   previous pick in one fixed order (larger value first, of equal values the lower index);
+2. fold: one block a row picks the k best of the BLOCKS * k candidates the same way, then one
+   thread computes the softmax over them, the top-p cut and min-p, and normalises.
+
+The order makes the kept set a function of the row alone (ties at the k-th value go to the lower
+index, whatever the split), and the indices come out sorted by it. MLX's `argpartition` leaves
+both unspecified, so the two paths' draws differ for a given key while their distributions agree
+to rounding; the load check compares the two supports column by column. Both lanes draw through
+the same path, so greedy and sampled exactness between AR and MTP are unchanged.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from . import jit_cache
+from .naming import versioned
+
+BLOCKS = 64
+THREADS = 256
+MAX_K = 64            # top_k above this goes through MLX's ops
+MIN_COLUMNS = 16384   # narrower rows: MLX's ops
+
+ORDER = r"""
+// (value, index) pairs in the sampler's order: a larger value first, of equal values the lower index.
+__device__ __forceinline__ bool before_(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+// The best of a thread's pairs after (pv, pi) in that order (pi < 0: no previous pick).
+__device__ __forceinline__ void offer_(float v, int i, float pv, int pi, float& bv, int& bi) {
+  const bool after = pi < 0 || before_(pv, pi, v, i);
+  if (after && (bi < 0 || before_(v, i, bv, bi))) { bv = v; bi = i; }
+}
+__device__ __forceinline__ void warp_best_(float& bv, int& bi) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_down_sync(0xffffffff, bv, off);
+    const int oi = __shfl_down_sync(0xffffffff, bi, off);
+    if (oi >= 0 && (bi < 0 || before_(ov, oi, bv, bi))) { bv = ov; bi = oi; }
+  }
+}
+"""
+
+PARTIALS = r"""
+  // x [R, V] (row-contiguous), temp [1] -> cv, ci [R, NB * K]: block (b, r) keeps the K best of
+  // columns [b * CH, min(V, (b + 1) * CH)) of row r, in order.
+  const int V = x_shape[1];
+  const int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
+  const int lo = b * CH;
+  const int n = max(0, min(V, lo + CH) - lo);
+  const float T = temp[0];
+  __shared__ float sv[CH];
+  __shared__ float wv[NT / 32];
+  __shared__ int wi[NT / 32];
+  __shared__ float pick_v;
+  __shared__ int pick_i;
+  const T_IN* row = x + (size_t)r * V + lo;
+  for (int j = t; j < n; j += NT) sv[j] = static_cast<float>(row[j]) / T;
+  if (t == 0) { pick_v = 0.f; pick_i = -1; }
+  __syncthreads();
+  for (int k = 0; k < K; ++k) {
+    const float pv = pick_v;
+    const int pi = pick_i;
+    float bv = 0.f;
+    int bi = -1;
+    for (int j = t; j < n; j += NT) offer_(sv[j], lo + j, pv, pi, bv, bi);
+    warp_best_(bv, bi);
+    if ((t & 31) == 0) { wv[t >> 5] = bv; wi[t >> 5] = bi; }
+    __syncthreads();
+    if (t == 0) {
+      for (int w = 1; w < NT / 32; ++w)
+        if (wi[w] >= 0 && (bi < 0 || before_(wv[w], wi[w], bv, bi))) { bv = wv[w]; bi = wi[w]; }
+      // A chunk with fewer than K columns pads with -inf at an index past every real one.
+      if (bi < 0) { bv = -__int_as_float(0x7f800000); bi = 0x7fffffff - (NB * K) + b * K + k; }
+      const size_t o = (size_t)r * NB * K + b * K + k;
+      cv[o] = bv;
+      ci[o] = bi;
+      pick_v = bv;
+      pick_i = bi;
+    }
+    __syncthreads();
+  }
+"""
+
+FOLD = r"""
+  // cv, ci [R, NB * K], params [3] (top_p, min_p, unused) -> idx [R, K] (uint32), p [R, K] (fp32).
+  const int r = blockIdx.x, t = threadIdx.x;
+  constexpr int C = NB * K;
+  __shared__ float sv[C];
+  __shared__ int si[C];
+  __shared__ float tv[K];
+  __shared__ int ti[K];
+  __shared__ float wv[NT / 32];
+  __shared__ int wi[NT / 32];
+  for (int j = t; j < C; j += NT) { sv[j] = cv[(size_t)r * C + j]; si[j] = ci[(size_t)r * C + j]; }
+  __syncthreads();
+  float pv = 0.f;
+  int pi = -1;
+  for (int k = 0; k < K; ++k) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int j = t; j < C; j += NT) offer_(sv[j], si[j], pv, pi, bv, bi);
+    warp_best_(bv, bi);
+    if ((t & 31) == 0) { wv[t >> 5] = bv; wi[t >> 5] = bi; }
+    __syncthreads();
+    if (t == 0) {
+      for (int w = 1; w < NT / 32; ++w)
+        if (wi[w] >= 0 && (bi < 0 || before_(wv[w], wi[w], bv, bi))) { bv = wv[w]; bi = wi[w]; }
+      tv[k] = bv;
+      ti[k] = bi;
+    }
+    __syncthreads();
+    pv = tv[k];
+    pi = ti[k];
+  }
+  if (t == 0) {
+    // softmax over the K kept (tv[0] is their maximum), then SamplerConfig.support's cuts in its order
+    const float top_p = params[0], min_p = params[1];
+    float e[K];
+    float s = 0.f;
+    for (int k = 0; k < K; ++k) { e[k] = expf(tv[k] - tv[0]); s += e[k]; }
+    for (int k = 0; k < K; ++k) e[k] = e[k] / s;
+    if (top_p < 1.f) {
+      // keep the smallest head whose mass reaches top_p: the values whose mass before them is < top_p
+      float seen = 0.f, cutoff = __int_as_float(0x7f800000);
+      for (int k = 0; k < K; ++k) { if (seen < top_p) cutoff = fminf(cutoff, e[k]); seen += e[k]; }
+      for (int k = 0; k < K; ++k) e[k] = e[k] >= cutoff ? e[k] : 0.f;
+    }
+    if (min_p > 0.f) {
+      const float floor_p = min_p * e[0];
+      for (int k = 0; k < K; ++k) e[k] = e[k] >= floor_p ? e[k] : 0.f;
+    }
+    float total = 0.f;
+    for (int k = 0; k < K; ++k) total += e[k];
+    for (int k = 0; k < K; ++k) {
+      p[(size_t)r * K + k] = e[k] / total;
+      idx[(size_t)r * K + k] = (unsigned int)ti[k];
+    }
+  }
+"""
+
+
+@lru_cache(maxsize=None)
+def _partials():
+    return jit_cache.cuda_kernel(name=versioned("mtp_topk_partials", PARTIALS, ORDER), input_names=["x", "temp"],
+                                 output_names=["cv", "ci"], source=PARTIALS, header=ORDER)
+
+
+@lru_cache(maxsize=None)
+def _fold():
+    return jit_cache.cuda_kernel(name=versioned("mtp_topk_fold", FOLD, ORDER), input_names=["cv", "ci", "params"],
+                                 output_names=["idx", "p"], source=FOLD, header=ORDER)
+
+
+@lru_cache(maxsize=None)
+def _consts(temperature: float, top_p: float, min_p: float) -> Tuple[mx.array, mx.array]:
+    return mx.array([temperature], dtype=mx.float32), mx.array([top_p, min_p, 0.0], dtype=mx.float32)
+
+
+def supported(x: mx.array, top_k: int) -> bool:
+    return (x.ndim >= 1 and x.shape[-1] >= MIN_COLUMNS and 0 < top_k <= MAX_K
+            and x.dtype in (mx.bfloat16, mx.float16, mx.float32))
+
+
+def row_topk_support(x: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
+    """SamplerConfig.support(x) with top_k on, for rows `supported` takes: (indices [..., k] uint32
+    in the sampler's order, probabilities [..., k] fp32)."""
+    lead, V = x.shape[:-1], x.shape[-1]
+    R = 1
+    for n in lead:
+        R *= n
+    ch = -(-V // BLOCKS)
+    temp, params = _consts(float(temperature), float(top_p), float(min_p))
+    cv, ci = _partials()(inputs=[x.reshape(R, V), temp],
+                         template=[("T_IN", x.dtype), ("NB", BLOCKS), ("NT", THREADS), ("K", top_k), ("CH", ch)],
+                         grid=(BLOCKS * THREADS, R, 1), threadgroup=(THREADS, 1, 1),
+                         output_shapes=[(R, BLOCKS * top_k), (R, BLOCKS * top_k)],
+                         output_dtypes=[mx.float32, mx.int32])
+    idx, p = _fold()(inputs=[cv, ci, params], template=[("NB", BLOCKS), ("NT", THREADS), ("K", top_k)],
+                     grid=(R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+                     output_shapes=[(R, top_k), (R, top_k)], output_dtypes=[mx.uint32, mx.float32])
+    return idx.reshape(*lead, top_k), p.reshape(*lead, top_k)
+
+
+row_topk_support.supports = supported   # what core.sampling.use_row_topk asks of it
+row_topk_support.max_k = MAX_K
+
+
+def reference(x: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
+    """The same support through MLX's ops, its k columns chosen and ordered as the kernel's (NumPy's
+    stable sort: larger value first, of equal values the lower index): what the check compares with."""
+    xs = x.astype(mx.float32) / temperature
+    flat = np.array(xs.reshape(-1, xs.shape[-1]))
+    cols = np.arange(flat.shape[-1])
+    order = np.stack([np.lexsort((cols, -row))[:top_k] for row in flat]).reshape(*xs.shape[:-1], top_k)
+    order = mx.array(order.astype(np.uint32))
+    p = mx.softmax(mx.take_along_axis(xs, order.astype(mx.int32), axis=-1), axis=-1)
+    if top_p < 1.0:
+        before = mx.cumsum(p, axis=-1) - p
+        cutoff = mx.min(mx.where(before < top_p, p, mx.inf), axis=-1, keepdims=True)
+        p = mx.where(p >= cutoff, p, 0.0)
+    if min_p > 0:
+        p = mx.where(p >= min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+    return order, p / p.sum(axis=-1, keepdims=True)
+
+
+def check(seed: int = 0) -> Optional[str]:
+    """row_topk_support against the MLX reference: random rows at the 9B's vocabulary for the app's
+    default sampler and other settings, the kept indices equal (ties included: a row whose k-th
+    value repeats) and the probabilities within 1e-5."""
+    ks = mx.random.split(mx.random.key(seed), 3)
+    cases = [((mx.random.normal((3, 248_320), key=ks[0]) * 3).astype(mx.bfloat16), 0.6, 20, 0.95, 0.0),
+             ((mx.random.normal((1, 151_936), key=ks[1]) * 5), 1.0, 40, 1.0, 0.05),
+             ((mx.random.normal((4, 248_320), key=ks[2]) * 2).astype(mx.float16), 0.7, 8, 0.8, 0.0)]
+    tie = mx.where(mx.arange(248_320) % 7_919 == 3, mx.array(4.0), mx.zeros((248_320,))).astype(mx.bfloat16)[None]
+    cases.append((tie, 0.6, 20, 0.95, 0.0))   # 32 equal maxima: the 20 lowest indices must be kept
+    for x, temp, k, top_p, min_p in cases:
+        got_i, got_p = row_topk_support(x, temp, k, top_p, min_p)
+        want_i, want_p = reference(x, temp, k, top_p, min_p)
+        if not bool(mx.array_equal(got_i, want_i)):
+            return f"the top-k support kernel keeps other columns than the reference ({x.dtype}, {x.shape}, k={k})"
+        err = float(mx.abs(got_p - want_p).max())
+        if not err <= 1e-5:
+            return f"the top-k support kernel's probabilities differ from the reference by {err:.1e} (k={k})"
+    return None
