@@ -50,6 +50,16 @@ __device__ __forceinline__ void warp_best_(float& bv, int& bi) {
     if (oi >= 0 && (bi < 0 || before_(ov, oi, bv, bi))) { bv = ov; bi = oi; }
   }
 }
+// The block's best of its threads' pairs, in thread 0 (wv, wi: a shared slot a warp).
+template <int NTT>
+__device__ __forceinline__ void block_best_(float& bv, int& bi, float* wv, int* wi, int t) {
+  warp_best_(bv, bi);
+  if ((t & 31) == 0) { wv[t >> 5] = bv; wi[t >> 5] = bi; }
+  __syncthreads();
+  if (t == 0)
+    for (int w = 1; w < NTT / 32; ++w)
+      if (wi[w] >= 0 && (bi < 0 || before_(wv[w], wi[w], bv, bi))) { bv = wv[w]; bi = wi[w]; }
+}
 """
 
 PARTIALS = r"""
@@ -75,12 +85,8 @@ PARTIALS = r"""
     float bv = 0.f;
     int bi = -1;
     for (int j = t; j < n; j += NT) offer_(sv[j], lo + j, pv, pi, bv, bi);
-    warp_best_(bv, bi);
-    if ((t & 31) == 0) { wv[t >> 5] = bv; wi[t >> 5] = bi; }
-    __syncthreads();
+    block_best_<NT>(bv, bi, wv, wi, t);
     if (t == 0) {
-      for (int w = 1; w < NT / 32; ++w)
-        if (wi[w] >= 0 && (bi < 0 || before_(wv[w], wi[w], bv, bi))) { bv = wv[w]; bi = wi[w]; }
       // A chunk with fewer than K columns pads with -inf at an index past every real one.
       if (bi < 0) { bv = -__int_as_float(0x7f800000); bi = 0x7fffffff - (NB * K) + b * K + k; }
       const size_t o = (size_t)r * NB * K + b * K + k;
@@ -111,12 +117,8 @@ FOLD = r"""
     float bv = 0.f;
     int bi = -1;
     for (int j = t; j < C; j += NT) offer_(sv[j], si[j], pv, pi, bv, bi);
-    warp_best_(bv, bi);
-    if ((t & 31) == 0) { wv[t >> 5] = bv; wi[t >> 5] = bi; }
-    __syncthreads();
+    block_best_<NT>(bv, bi, wv, wi, t);
     if (t == 0) {
-      for (int w = 1; w < NT / 32; ++w)
-        if (wi[w] >= 0 && (bi < 0 || before_(wv[w], wi[w], bv, bi))) { bv = wv[w]; bi = wi[w]; }
       tv[k] = bv;
       ti[k] = bi;
     }
