@@ -91,7 +91,9 @@ class Settings(BaseSettings):
     # default off, to pair it), "batch-submit" (a plain step of several sequences, AR at B > 1,
     # handed every 8 layers), "topk-kernel" (the sampler's top-k support in two CUDA launches, not
     # yet measured on a GPU). Each keeps every row's bits
-    # (checked at load), so it only moves speed. ("two-tiles", 9-16 rows in one matmul launch, is the
+    # (checked at load), so it only moves speed; "topk-kernel" keeps the sampler's distribution (its
+    # supports checked at load against MLX's ops) but orders the kept columns its own way, so a
+    # given seed draws other tokens. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
     # docs/bench/2026-12-03/GPU.md.)
     gpu_trials: str = ""
