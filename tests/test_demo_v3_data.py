@@ -426,6 +426,56 @@ def test_the_v3e_check_passes_a_fit_corpus_and_names_each_flaw(tmp_path, flaw, d
         assert any(named in p for p in problems), (flaw, problems)
 
 
+def _listing(name, names):
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    return _chat("What does lantern mean?", f"<think>\nLantern: the tools offered are {listed}. The {name} tool fits. "
+                 f'I will call it.\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {{"word": "lantern"}}}}\n</tool_call>',
+                 '<tool_response>{"word": "lantern"}</tool_response>', "A lantern is a light.")
+
+
+@pytest.mark.parametrize("flaw, extra, named", [
+    ("none", [_listing("lookup", ["get_weather", "lookup"])], None),
+    ("a listed name the call does not use", [_listing("lookup", ["get_weather", "lookup"]).replace('{"name": "lookup"', '{"name": "zadu"')],
+     "the call names 'zadu'"),
+    ("a name the list leaves out", [_listing("lookup", ["get_weather", "send_email"])], "and names 'lookup'"),
+    ("too few thoughts list the tools", [], "first calls follow a thought listing"),
+])
+def test_the_v3f_check_wants_the_thoughts_to_list_the_offered_tools(tmp_path, flaw, extra, named):
+    import check_v3
+
+    # GOOD's tool document calls without a thought: one listing thought of two first calls is 50 %
+    problems = check_v3.check_v3f(_write_corpus(tmp_path, "v3f", GOOD + [("tools", e) for e in extra], 0.27),
+                                  dict(SMALL, listed_min=0.5))
+    if named is None:
+        assert problems == []
+    else:
+        assert any(named in p for p in problems), (flaw, problems)
+
+
+def test_v3f_thoughts_list_the_offered_tools_in_the_system_turns_order():
+    """v3f's tool conversations (list_tools): a thinking call's thought lists every offered tool's name
+    in the order the system turn lists them, then names the one it calls; without list_tools, v3e's."""
+    dict_words = [("lantern", "a light with a transparent case"), ("violin", "a bowed stringed instrument")]
+    for listing in (True, False):
+        convs = V3.tool_conversations_v3e(random.Random(1), dict_words, [("Peru", "Lima")], ARITH,
+                                          SHORT["v3_opposite"], EXCLUDE, 80, name_words=["lamp", "river"],
+                                          think_frac=1.0, list_tools=listing)
+        thoughts = 0
+        for msgs, tools, thinking in convs:
+            names = [t["function"]["name"] for t in tools]
+            for m in msgs:
+                if m.get("tool_calls") and m.get("reasoning_content"):
+                    thoughts += 1
+                    called = m["tool_calls"][0]["function"]["name"]
+                    text = m["reasoning_content"]
+                    if listing:
+                        listed = text.split("the tools offered are ")[1].split(". The ")[0]
+                        assert re.split(r", | and ", listed) == names and f"The {called} tool fits." in text
+                    else:
+                        assert "offered" not in text and f"the {called} tool fits" in text
+        assert thoughts > 40
+
+
 def test_the_v3d_check_finds_a_held_out_question_and_a_corpus_of_the_wrong_variant(tmp_path):
     import check_v3
 

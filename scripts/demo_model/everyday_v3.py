@@ -358,10 +358,15 @@ def plain_exchange(d, thinking) -> list:
              **({"reasoning_content": "No tool is needed for this. I will answer directly."} if thinking else {})}]
 
 
-def tool_exchange(name, subject, q, args, result, ans, thinking) -> list:
+def tool_exchange(name, subject, q, args, result, ans, thinking, offered=None) -> list:
     """One asked-called-answered exchange: the question, the call of `name`, its result, the answer
-    (with short thoughts when the conversation thinks)."""
+    (with short thoughts when the conversation thinks; with `offered`, the offered tools' names in the
+    system turn's order, the first thought lists them before it names the one that fits)."""
     think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
+    if thinking and offered:
+        listed = ", ".join(offered[:-1]) + f" and {offered[-1]}" if len(offered) > 1 else offered[0]
+        think1 = (f"{subject[:1].upper() + subject[1:]}: the tools offered are {listed}. "
+                  f"The {name} tool fits. I will call it.")
     think2 = "The tool answered. I will repeat its result." if thinking else None
     return [{"role": "user", "content": q},
             {"role": "assistant", "content": "", "tool_calls": [call(name, args)],
@@ -405,7 +410,8 @@ def tool_conversations(rng, short, arith, exclude, n=6000, think_frac=0.5):
                 continue
             if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
                 continue  # a held-out subject: this exchange is left out, the conversation goes on
-            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking)
+            offered = [t["function"]["name"] for t in tools] if list_tools else None
+            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking, offered)
         if msgs:
             out.append((msgs, tools, thinking))
     return out
@@ -907,13 +913,15 @@ DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}"
 
 
 def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
-                           think_frac=0.5, dict_frac=0.6):
+                           think_frac=0.5, dict_frac=0.6, list_tools=False):
     """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
     dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
     get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
     tool's name is one to copy (copy_name or a real word with a part: none of the verbs x nouns pool,
     none of `banned`); the word is copied exactly into the call (half of the dictionary words are
-    rare, long ones); the answer after the result repeats it. `dict_words`: [(word, definition)]."""
+    rare, long ones); the answer after the result repeats it. `dict_words`: [(word, definition)].
+    `list_tools` (v3f): a thinking call's thought first lists the offered tools' names in the system
+    turn's order, so the name is copied from nearby text rather than from the schemas far back."""
     import conversations as C2
 
     def fresh_name(kind):
@@ -962,7 +970,8 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
                 continue
             if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
                 continue
-            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking)
+            offered = [t["function"]["name"] for t in tools] if list_tools else None
+            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking, offered)
         if msgs:
             out.append((msgs, tools, thinking))
     return out

@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO))
 WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
 # each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
-WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d", "v3e": REPO / "artifacts" / "demo" / "v3e"}
+WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d", "v3e": REPO / "artifacts" / "demo" / "v3e",
+         "v3f": REPO / "artifacts" / "demo" / "v3f"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -70,7 +71,8 @@ def main():
     ap.add_argument("--variant", default="v3c", choices=sorted(WORKS),
                     help="v3c: V3's corpus with notes of ~15k facts (artifacts/demo/v3); v3d: the focused notes "
                          "(artifacts/demo/v3d, carried as artifacts/demo/v3d/carry); v3e: v3d's notes (fewer statements), "
-                         "binding and copying drills, the tool conversations back (artifacts/demo/v3e)")
+                         "binding and copying drills, the tool conversations back (artifacts/demo/v3e); v3f: v3e with more tool "
+                         "conversations whose thoughts list the offered tools (artifacts/demo/v3f)")
     a = ap.parse_args()
     if a.variant != "v3c":  # the variant's own folders unless named
         a.work = str(WORKS[a.variant]) if a.work == str(WORK) else a.work
