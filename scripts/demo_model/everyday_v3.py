@@ -410,8 +410,7 @@ def tool_conversations(rng, short, arith, exclude, n=6000, think_frac=0.5):
                 continue
             if exclude({"kind": "v3_tools", "word": subject, "messages": [q, ans, result]}):
                 continue  # a held-out subject: this exchange is left out, the conversation goes on
-            offered = [t["function"]["name"] for t in tools] if list_tools else None
-            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking, offered)
+            msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking)
         if msgs:
             out.append((msgs, tools, thinking))
     return out
