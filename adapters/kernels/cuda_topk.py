@@ -63,9 +63,10 @@ __device__ __forceinline__ void block_best_(float& bv, int& bi, float* wv, int* 
 """
 
 PARTIALS = r"""
-  // x [R, V] (row-contiguous), temp [1] -> cv, ci [R, NB * K]: block (b, r) keeps the K best of
-  // columns [b * CH, min(V, (b + 1) * CH)) of row r, in order.
+  // x [R, V] (row-contiguous), temp [1], kin [1] (k <= KMAX) -> cv, ci [R, NB * k]: block (b, r)
+  // keeps the k best of columns [b * CH, min(V, (b + 1) * CH)) of row r, in order.
   const int V = x_shape[1];
+  const int K = kin[0];
   const int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
   const int lo = b * CH;
   const int n = max(0, min(V, lo + CH) - lo);
@@ -87,7 +88,7 @@ PARTIALS = r"""
     for (int j = t; j < n; j += NT) offer_(sv[j], lo + j, pv, pi, bv, bi);
     block_best_<NT>(bv, bi, wv, wi, t);
     if (t == 0) {
-      // A chunk with fewer than K columns pads with -inf at an index past every real one.
+      // A chunk with fewer than k columns pads with -inf at an index past every real one.
       if (bi < 0) { bv = -__int_as_float(0x7f800000); bi = 0x7fffffff - (NB * K) + b * K + k; }
       const size_t o = (size_t)r * NB * K + b * K + k;
       cv[o] = bv;
@@ -100,13 +101,14 @@ PARTIALS = r"""
 """
 
 FOLD = r"""
-  // cv, ci [R, NB * K], params [3] (top_p, min_p, unused) -> idx [R, K] (uint32), p [R, K] (fp32).
+  // cv, ci [R, NB * k], params [2] (top_p, min_p), kin [1] -> idx [R, k] (uint32), p [R, k] (fp32).
   const int r = blockIdx.x, t = threadIdx.x;
-  constexpr int C = NB * K;
-  __shared__ float sv[C];
-  __shared__ int si[C];
-  __shared__ float tv[K];
-  __shared__ int ti[K];
+  const int K = kin[0];
+  const int C = NB * K;
+  __shared__ float sv[NB * KMAX];
+  __shared__ int si[NB * KMAX];
+  __shared__ float tv[KMAX];
+  __shared__ int ti[KMAX];
   __shared__ float wv[NT / 32];
   __shared__ int wi[NT / 32];
   for (int j = t; j < C; j += NT) { sv[j] = cv[(size_t)r * C + j]; si[j] = ci[(size_t)r * C + j]; }
@@ -129,7 +131,7 @@ FOLD = r"""
   if (t == 0) {
     // softmax over the K kept (tv[0] is their maximum), then SamplerConfig.support's cuts in its order
     const float top_p = params[0], min_p = params[1];
-    float e[K];
+    float e[KMAX];
     float s = 0.f;
     for (int k = 0; k < K; ++k) { e[k] = expf(tv[k] - tv[0]); s += e[k]; }
     for (int k = 0; k < K; ++k) e[k] = e[k] / s;
@@ -155,19 +157,20 @@ FOLD = r"""
 
 @lru_cache(maxsize=None)
 def _partials():
-    return jit_cache.cuda_kernel(name=versioned("mtp_topk_partials", PARTIALS, ORDER), input_names=["x", "temp"],
+    return jit_cache.cuda_kernel(name=versioned("mtp_topk_partials", PARTIALS, ORDER), input_names=["x", "temp", "kin"],
                                  output_names=["cv", "ci"], source=PARTIALS, header=ORDER)
 
 
 @lru_cache(maxsize=None)
 def _fold():
-    return jit_cache.cuda_kernel(name=versioned("mtp_topk_fold", FOLD, ORDER), input_names=["cv", "ci", "params"],
+    return jit_cache.cuda_kernel(name=versioned("mtp_topk_fold", FOLD, ORDER), input_names=["cv", "ci", "params", "kin"],
                                  output_names=["idx", "p"], source=FOLD, header=ORDER)
 
 
-@lru_cache(maxsize=None)
-def _consts(temperature: float, top_p: float, min_p: float) -> Tuple[mx.array, mx.array]:
-    return mx.array([temperature], dtype=mx.float32), mx.array([top_p, min_p, 0.0], dtype=mx.float32)
+@lru_cache(maxsize=256)   # a request's sampler settings: a few arrays each, built once
+def _consts(temperature: float, top_k: int, top_p: float, min_p: float):
+    return (mx.array([temperature], dtype=mx.float32), mx.array([top_k], dtype=mx.int32),
+            mx.array([top_p, min_p], dtype=mx.float32))
 
 
 def supported(x: mx.array, top_k: int) -> bool:
@@ -177,19 +180,20 @@ def supported(x: mx.array, top_k: int) -> bool:
 
 def row_topk_support(x: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
     """SamplerConfig.support(x) with top_k on, for rows `supported` takes: (indices [..., k] uint32
-    in the sampler's order, probabilities [..., k] fp32)."""
+    in the sampler's order, probabilities [..., k] fp32). k is read at run time (one compiled pair
+    for every k up to MAX_K, so a new top_k from a request compiles nothing)."""
     lead, V = x.shape[:-1], x.shape[-1]
     R = 1
     for n in lead:
         R *= n
     ch = -(-V // BLOCKS)
-    temp, params = _consts(float(temperature), float(top_p), float(min_p))
-    cv, ci = _partials()(inputs=[x.reshape(R, V), temp],
-                         template=[("T_IN", x.dtype), ("NB", BLOCKS), ("NT", THREADS), ("K", top_k), ("CH", ch)],
+    temp, kin, params = _consts(float(temperature), int(top_k), float(top_p), float(min_p))
+    cv, ci = _partials()(inputs=[x.reshape(R, V), temp, kin],
+                         template=[("T_IN", x.dtype), ("NB", BLOCKS), ("NT", THREADS), ("CH", ch)],
                          grid=(BLOCKS * THREADS, R, 1), threadgroup=(THREADS, 1, 1),
                          output_shapes=[(R, BLOCKS * top_k), (R, BLOCKS * top_k)],
                          output_dtypes=[mx.float32, mx.int32])
-    idx, p = _fold()(inputs=[cv, ci, params], template=[("NB", BLOCKS), ("NT", THREADS), ("K", top_k)],
+    idx, p = _fold()(inputs=[cv, ci, params, kin], template=[("NB", BLOCKS), ("NT", THREADS), ("KMAX", MAX_K)],
                      grid=(R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
                      output_shapes=[(R, top_k), (R, top_k)], output_dtypes=[mx.uint32, mx.float32])
     return idx.reshape(*lead, top_k), p.reshape(*lead, top_k)
