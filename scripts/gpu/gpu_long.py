@@ -6,7 +6,9 @@
 For each context, one prompt of that many tokens (filler, then a question) is prefilled once into
 a prefix cache (its time: prefill tok/s). Then, on a copy of that state:
 - synchronised forwards of 1-5 positions plus the commit of one (a verify of 2-5 in AR steps) and
-  the MTP head's draft step with a greedy draw (in AR steps), medians of 9;
+  the MTP head's draft step with a greedy draw (in AR steps), all taking turns in each of 11 rounds;
+  each in AR steps is the median of the rounds' own ratios (since 2026-12-04: the MTP step timed
+  apart from the widths moved 0.127-0.184 between runs);
 - the cost model's projection of MTP/AR at the Qwythos acceptance (0.93 / 0.90 / 0.85 per
   depth) at depths 1-3 from those parts, and its ratio to the shortest context's;
 - 64 greedy tokens of AR and of MTP (depth 2) restored from the prefix cache: tok/s and peak
@@ -33,7 +35,7 @@ from core import AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, Spec
 from core.chat import padded_chat_prompt  # noqa: E402
 from core.costs import expected_tokens  # noqa: E402
 from core.stream import cache_prompt  # noqa: E402
-from scripts.gpu.gpu_exact import forward_seconds  # noqa: E402
+from scripts.gpu.gpu_exact import forward_and_commit  # noqa: E402
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
 QWYTHOS_ACCEPTANCE = [0.93, 0.90, 0.85]
@@ -54,16 +56,30 @@ def restored(ad, pc: PrefixCache, ids):
     return cache, draft, snap.hidden
 
 
-def draft_step_seconds(ad, cache, draft, hidden, ids, repeats: int = 9) -> float:
+def step_costs(ad, cache, draft, hidden, ids, widths=(1, 2, 3, 4, 5), repeats: int = 11) -> dict:
+    """Synchronised forwards of each width (plus the commit of one position: a verify) and the MTP
+    head's draft step with its greedy draw, all taking turns within each round, so that each round's
+    costs share the machine's speed of that moment (a GPU host drifts 10-30 % in minutes): per width
+    the median seconds, and each cost in AR steps as the median of the rounds' own ratios. The first
+    two rounds are left out."""
     t = mx.array([ids[-1:]], dtype=mx.int32)
-    runs = []
-    for _ in range(repeats):
+    toks = mx.array([ids[-8:]], dtype=mx.int32)
+    runs = {w: [] for w in (*widths, "mtp")}
+
+    def timed(fn):
         mx.synchronize()
         t0 = time.perf_counter()
-        _, logits = ad.draft_step(draft, cache, hidden, t)
-        mx.eval(mx.argmax(logits, axis=-1))
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs[2:])
+        mx.eval(*fn())
+        return time.perf_counter() - t0
+
+    for _ in range(repeats):
+        for w in widths:
+            runs[w].append(timed(lambda w=w: forward_and_commit(ad, cache, toks, w)))
+        runs["mtp"].append(timed(lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]))
+    kept = {k: r[2:] for k, r in runs.items()}
+    ratio = lambda k: statistics.median(a / b for a, b in zip(kept[k], kept[widths[0]]))  # noqa: E731
+    return {"seconds": {k: statistics.median(r) for k, r in kept.items()},
+            "in_ar_steps": {k: ratio(k) for k in kept}}
 
 
 def decode(ad, pc, ids, lane: str, tokens: int):
@@ -86,11 +102,10 @@ def one_context(ad, context: int, tokens: int) -> dict:
     mx.synchronize()
     prefill_s = time.perf_counter() - t0
     cache, draft, hidden = restored(ad, pc, ids)
-    toks = mx.array([ids[-8:]], dtype=mx.int32)
-    secs = forward_seconds(ad, cache, toks, widths=(1, 2, 3, 4, 5))
-    step = secs[1]
-    costs = {w: s / step for w, s in secs.items()}
-    mtp = draft_step_seconds(ad, cache, draft, hidden, ids) / step
+    measured = step_costs(ad, cache, draft, hidden, ids)
+    step = measured["seconds"][1]
+    costs = {w: measured["in_ar_steps"][w] for w in (1, 2, 3, 4, 5)}
+    mtp = measured["in_ar_steps"]["mtp"]
     projection = {d: expected_tokens(QWYTHOS_ACCEPTANCE, d) / (costs[d + 1] + d * mtp) for d in (1, 2, 3)}
     ar_ids, ar = decode(ad, pc, ids, "ar", tokens)
     mtp_ids, md = decode(ad, pc, ids, "mtp", tokens)

@@ -5,7 +5,9 @@
 # 1. its check and what a draw costs with it and without (gpu_draw.py);
 # 2. the sampled lanes, A B A B, default against the trial: bench.py at T = 0.6 (top_k 20, top_p 0.95),
 #    depth 2, on the demo model (real acceptance) and on the 9B shape;
-# 3. exactness with the trial on: the chi-square of sampled tokens (gpu_exact.py's sampled part).
+# 3. exactness with the trial on: the chi-square of sampled tokens (gpu_exact.py's sampled part);
+# 4. the MTP step (issue 32's last target) with gpu_long.py's costs now taking turns in each round.
+# About 600 s in all: the fourth wheel call waits up to ~560 s, a poll at once brings the rest.
 # Wheels in four calls: .whl/c1 .. .whl/c4 (scripts/gpu/carry_wheels.sh). Say lines hold no quotes.
 source scripts/gpu/run_plan.sh   # /tmp/repo, $O, $C, say, T; the 9B checkpoint
 say what a draw costs, with the top-k kernel and without
@@ -25,4 +27,8 @@ T "MTP_CHAT_GPU_TRIALS=topk-kernel $PY scripts/bench/bench.py --model $C $S --re
 done
 say the sampled check with topk-kernel
 T "MTP_CHAT_GPU_TRIALS=topk-kernel $PY scripts/gpu/gpu_exact.py --model $C --skip parity prefix costs --json $O/exact_sampled_topk.json 2>&1 | grep -v 'regex pattern' | tail -n 4" 300
+say the MTP step at 64 tokens of context, three runs, each cost taking turns in every round
+for k in 1 2 3; do
+T "$PY scripts/gpu/gpu_long.py --model $C --context 64 --json $O/long64_$k.json 2>&1 | grep -v 'regex pattern' | tail -n 2" 150
+done
 say all done
