@@ -80,13 +80,11 @@ VARIANTS = {
     "v3e": {"n_docs_chat": 9000, "n_long": 150, "n_json": 9000, "n_topics": 3000, "n_tools": 0,
             "n_tools_v3e": 6500, "prose_keep": 0.6, "notes": "focus", "repeats": 68, "per_note": (8, 20),
             "drills": True, "n_copy": 6000},
-    # v3f: v3e's corpus with more tool conversations, thinking in most of them, each thought listing
-    # the offered tools' names before it names the one that fits (V3_PLAN.md section 13: v3e-more2
-    # copied the word into the call, but named the offered dictionary in 10 of 50)
-    "v3f": {"n_docs_chat": 9000, "n_long": 150, "n_json": 9000, "n_topics": 3000, "n_tools": 0,
-            "n_tools_v3e": 9000, "prose_keep": 0.6, "notes": "focus", "repeats": 68, "per_note": (8, 20),
-            "drills": True, "n_copy": 6000, "tool_think_frac": 0.85, "list_tools": True},
 }
+# v3f: v3e's corpus with more tool conversations, thinking in most of them, each thought listing the
+# offered tools' names before it names the one that fits (V3_PLAN.md section 13: v3e-more2 copied the
+# word into the call, but named the offered dictionary in 10 of 50)
+VARIANTS["v3f"] = {**VARIANTS["v3e"], "n_tools_v3e": 9000, "tool_think_frac": 0.85, "list_tools": True}
 
 
 def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system):

@@ -362,11 +362,11 @@ def tool_exchange(name, subject, q, args, result, ans, thinking, offered=None) -
     """One asked-called-answered exchange: the question, the call of `name`, its result, the answer
     (with short thoughts when the conversation thinks; with `offered`, the offered tools' names in the
     system turn's order, the first thought lists them before it names the one that fits)."""
-    think1 = f"{subject[:1].upper() + subject[1:]}: the {name} tool fits. I will call it." if thinking else None
-    if thinking and offered:
+    fits = f"the {name} tool fits."
+    if offered:
         listed = ", ".join(offered[:-1]) + f" and {offered[-1]}" if len(offered) > 1 else offered[0]
-        think1 = (f"{subject[:1].upper() + subject[1:]}: the tools offered are {listed}. "
-                  f"The {name} tool fits. I will call it.")
+        fits = f"the tools offered are {listed}. The {name} tool fits."
+    think1 = f"{subject[:1].upper() + subject[1:]}: {fits} I will call it." if thinking else None
     think2 = "The tool answered. I will repeat its result." if thinking else None
     return [{"role": "user", "content": q},
             {"role": "assistant", "content": "", "tool_calls": [call(name, args)],

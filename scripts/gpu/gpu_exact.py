@@ -143,19 +143,25 @@ def synced_seconds(fn, n: int = 20) -> float:
     return statistics.median(runs[3:])
 
 
-def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
-    """Median seconds of a synchronised forward_and_commit of each width over `tokens`. The widths
-    take turns, round by round (a drift of the machine's speed then touches every width alike:
-    measured one width after another, a verify of 3 once came out dearer than one of 4), and the
-    first two rounds are left out."""
-    runs = {w: [] for w in widths}
+def rounds(fns: dict, repeats: int = 9) -> dict:
+    """Seconds of each synchronised fn() (evaluated), the fns taking turns round by round (a drift of
+    the machine's speed then touches each alike: measured one width after another, a verify of 3 once
+    came out dearer than one of 4): {name: [seconds a round]}, the first two rounds left out."""
+    runs = {k: [] for k in fns}
     for _ in range(repeats):
-        for w in widths:
+        for k, fn in fns.items():
             mx.synchronize()
             t0 = time.perf_counter()
-            mx.eval(*forward_and_commit(ad, cache, tokens, w))
-            runs[w].append(time.perf_counter() - t0)
-    return {w: statistics.median(r[2:]) for w, r in runs.items()}
+            mx.eval(*fn())
+            runs[k].append(time.perf_counter() - t0)
+    return {k: r[2:] for k, r in runs.items()}
+
+
+def forward_seconds(ad, cache, tokens, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:
+    """Median seconds of a synchronised forward_and_commit of each width over `tokens`, the widths
+    taking turns (`rounds`)."""
+    runs = rounds({w: lambda w=w: forward_and_commit(ad, cache, tokens, w) for w in widths}, repeats)
+    return {w: statistics.median(r) for w, r in runs.items()}
 
 
 def verify_costs(ad, context: int, widths=(1, 2, 3, 4), repeats: int = 9) -> dict:

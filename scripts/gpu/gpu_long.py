@@ -35,7 +35,7 @@ from core import AutoregressiveDecoder, PrefixCache, Prompt, SamplerConfig, Spec
 from core.chat import padded_chat_prompt  # noqa: E402
 from core.costs import expected_tokens  # noqa: E402
 from core.stream import cache_prompt  # noqa: E402
-from scripts.gpu.gpu_exact import forward_and_commit  # noqa: E402
+from scripts.gpu.gpu_exact import forward_and_commit, rounds  # noqa: E402
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
 QWYTHOS_ACCEPTANCE = [0.93, 0.90, 0.85]
@@ -64,19 +64,9 @@ def step_costs(ad, cache, draft, hidden, ids, widths=(1, 2, 3, 4, 5), repeats: i
     two rounds are left out."""
     t = mx.array([ids[-1:]], dtype=mx.int32)
     toks = mx.array([ids[-8:]], dtype=mx.int32)
-    runs = {w: [] for w in (*widths, "mtp")}
-
-    def timed(fn):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(*fn())
-        return time.perf_counter() - t0
-
-    for _ in range(repeats):
-        for w in widths:
-            runs[w].append(timed(lambda w=w: forward_and_commit(ad, cache, toks, w)))
-        runs["mtp"].append(timed(lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]))
-    kept = {k: r[2:] for k, r in runs.items()}
+    fns = {w: lambda w=w: forward_and_commit(ad, cache, toks, w) for w in widths}
+    fns["mtp"] = lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]
+    kept = rounds(fns, repeats)
     ratio = lambda k: statistics.median(a / b for a, b in zip(kept[k], kept[widths[0]]))  # noqa: E731
     return {"seconds": {k: statistics.median(r) for k, r in kept.items()},
             "in_ar_steps": {k: ratio(k) for k in kept}}
