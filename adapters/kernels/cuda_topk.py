@@ -20,7 +20,7 @@ the same path, so greedy and sampled exactness between AR and MTP are unchanged.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Optional
 
 import mlx.core as mx
 import numpy as np
