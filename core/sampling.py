@@ -21,9 +21,9 @@ class NonFiniteLogitsError(RuntimeError):
 
 
 # The support with top_k on: MLX's ops here, unless a backend set a kernel for it at load
-# (use_row_topk; the "topk-kernel" GPU trial). Both lanes go through the same one, so AR and MTP
-# keep sampling from one definition; a kernel's kept columns and probabilities are checked
-# against these ops at load.
+# (use_row_topk; on CUDA adapters/kernels/cuda_topk.py unless the "topk-mlx" trial is on). Both
+# lanes go through the same one, so AR and MTP keep sampling from one definition; a kernel's kept
+# columns and probabilities are checked against these ops at load.
 _row_topk = None
 
 

@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from adapters import kernels, load_adapter
 from adapters.kernels import cuda_qmm as gk, gdn
 from adapters.qwen3_5 import backends, mlx_ops
-from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, sampling
 from tests._ties import assert_greedy_equal
 
 BF = mx.bfloat16
@@ -352,7 +352,7 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-kernel"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-mlx"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -384,8 +384,9 @@ def test_the_topk_kernels_reference_is_the_samplers_support():
 def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, monkeypatch):
     """core.sampling.use_row_topk: a backend's top-k support serves both lanes' sampled draws and
     verifies where it takes the rows (a stand-in returning MLX's own support: the tokens stay
-    those of MLX's path), never a grammar-masked row; the "topk-kernel" trial sets the CUDA kernel
-    where its check passed and says why not where it failed; a load without the trial sets none."""
+    those of MLX's path), never a grammar-masked row; a CUDA load sets the kernel where its check
+    passed and says why not where it failed ("topk-kernel", adopted, changes nothing); the
+    "topk-mlx" trial sets none."""
     from adapters.kernels import cuda_topk
     from adapters.options import LoadOptions
     from core import sampling
@@ -416,14 +417,18 @@ def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, mo
     assert not seen   # a grammar's mask keeps MLX's ops
     monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))
-    trial = LoadOptions.from_settings(Settings(gpu_trials="topk-kernel")).gpu_trials
+    def trials(names):
+        return LoadOptions.from_settings(Settings(gpu_trials=names)).gpu_trials
     for verdict in (None, "the top-k support kernel keeps other columns than the reference"):
         monkeypatch.setattr(kernels, "topk_verdict", lambda v=verdict: v)
-        b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trial)
-        assert sampling._row_topk is (cuda_topk.row_topk_support if verdict is None else None)
-        assert (f"sampled supports through MLX's ops ({verdict})" in b.note) == (verdict is not None)
+        for names in ("", "topk-kernel"):
+            b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials(names))
+            assert sampling._row_topk is (cuda_topk.row_topk_support if verdict is None else None)
+            assert (f"sampled supports through MLX's ops ({verdict})" in b.note) == (verdict is not None)
     monkeypatch.setattr(kernels, "topk_verdict", lambda: None)
-    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-mlx"))
+    assert sampling._row_topk is None and "trials on: topk-mlx" in b.note
+    backends.choose("native", [nn.RoPE(8)], device=mx.cpu, cuda=False)
     assert sampling._row_topk is None
 
 
@@ -590,6 +595,8 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
 
     monkeypatch.setattr(backends, "_verdict", compiles)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))   # its own test above
+    monkeypatch.setattr(kernels, "topk_verdict", lambda: None)                  # and this one's
+    monkeypatch.setattr(sampling, "_row_topk", None)
     for k in ("on", "why"):
         monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES[k])
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)

@@ -119,10 +119,10 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
     on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
-    batch-verify-wait, batch-submit, topk-kernel)."""
+    batch-verify-wait, batch-submit, topk-mlx)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
-    sampling.use_row_topk(None)   # MLX's ops unless the trial below is on and its kernel passes its check
+    sampling.use_row_topk(None)   # MLX's ops unless the CUDA kernel below passes its check
     on_cpu = device == mx.cpu
     if on_cpu and compute_dtype == "float32":
         long = MlxOps(cpu_attention=True)
@@ -150,7 +150,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
             if "batch-verify-wait" in trials:
                 few.submit_batch_verify_every = 0
             few.submit_batch_step_every = 8 if "batch-submit" in trials else 0
-            if "topk-kernel" in trials and kb == "cuda":
+            if "topk-mlx" not in trials and kb == "cuda":
                 why_topk = kernels.topk_verdict()
                 if why_topk is None:
                     sampling.use_row_topk(kernels.cuda_topk.row_topk_support)
