@@ -1,0 +1,35 @@
+"""scripts/gpu/gpu_trace.py on a hand-made CUPTI trace: what it reports of each call (the GPU's busy
+and idle time inside a call, the host's lead before the first kernel) is what the trace holds."""
+from __future__ import annotations
+
+from scripts.gpu import gpu_trace
+
+
+def _x(name, cat, ts, dur):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_each_call_is_its_kernels_between_its_marks():
+    trace = {"traceEvents": [
+        _x("call 0", "user_annotation", 1000, 100),
+        _x("cudaGraphLaunch", "cuda_runtime", 1030, 5),
+        _x("qmv", "kernel", 1040, 20), _x("rms", "kernel", 1070, 5), _x("qmv", "kernel", 1080, 10),
+        _x("call 1", "user_annotation", 5000, 80),
+        _x("cudaGraphLaunch", "cuda_runtime", 5010, 4),
+        _x("qmv", "kernel", 5020, 30), _x("rms", "kernel", 5060, 5),
+        _x("qmv", "kernel", 9000, 50),                     # outside every call: not counted
+        _x("call 2", "user_annotation", 20000, 10),        # beyond --runs: not counted
+    ]}
+    calls = gpu_trace.calls_in(trace, runs=2)
+    assert [len(c["kernels"]) for c in calls] == [3, 2] and [len(c["runtime"]) for c in calls] == [1, 1]
+    s = gpu_trace.summarise(calls)
+    assert s["calls"] == 2
+    # call 0: span 1040..1090 = 50, busy 35, lead 40, wall 100; call 1: span 45, busy 35, lead 20, wall 80
+    assert s["median"] == {"wall_us": 90, "span_us": 47.5, "busy_us": 35, "idle_us": 12.5, "lead_us": 30, "kernels": 2.5}
+    top = s["kernels_by_time"][0]
+    assert top == {"name": "qmv", "launches_a_call": 1.5, "us_a_call": 30.0}   # (20 + 10 + 30) / 2
+    assert s["runtime_by_time"] == [{"name": "cudaGraphLaunch", "calls_a_call": 1.0, "us_a_call": 4.5}]
+
+
+def test_a_trace_without_kernels_says_so():
+    assert "no kernels" in gpu_trace.summarise(gpu_trace.calls_in({"traceEvents": []}, runs=3))["error"]
