@@ -488,3 +488,19 @@ def test_the_v3d_check_finds_a_held_out_question_and_a_corpus_of_the_wrong_varia
     problems = check_v3.check_v3d(leak, lim, sample=0)
     assert any("held-out question asked" in p and asked.lower() in p for p in problems), problems
     assert any("variant 'v3e'" in p for p in problems), problems
+
+
+def test_a_missing_source_is_named_with_what_installs_it(monkeypatch, tmp_path):
+    """A corpus built without one of its sources is another corpus, so prepare_v3.py stops first and
+    says what to install (2026-12-04: a new machine lacked dict-jargon and rdata)."""
+    import corpus
+
+    present = tmp_path / "here"
+    present.write_text("x")
+    monkeypatch.setattr(corpus, "SOURCES", {"wordnet-base": str(present), "dict-jargon": str(tmp_path / "gone")})
+    assert corpus.missing_sources().startswith("apt-get install -y dict-jargon")
+    monkeypatch.setattr(corpus, "SOURCES", {"wordnet-base": str(present)})
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rdata" else real(name, *a))
+    assert corpus.missing_sources() == "pip install rdata"

@@ -27,6 +27,23 @@ FORTUNES = "/usr/share/games/fortunes"
 DICTD = "/usr/share/dictd"
 AUSTEN = "/usr/lib/R/site-library/janeaustenr/data"
 
+# What each source needs on disk, and the Debian package or pip module that brings it: a corpus built
+# without one is another corpus (austen() alone skips itself), so builders check first.
+SOURCES = {"wordnet-base": f"{WN}/data.noun", "python3.11-doc": PYDOC, "fortunes": FORTUNES,
+           "dict-devil": f"{DICTD}/devil.dict.dz", "dict-jargon": f"{DICTD}/jargon.dict.dz",
+           "r-cran-janeaustenr": f"{AUSTEN}/Rdata.rdb"}
+
+
+def missing_sources() -> str:
+    """'' when every source is here, else what to install, as one line to run."""
+    import importlib.util
+
+    debs = [pkg for pkg, path in SOURCES.items() if not os.path.exists(path)]
+    pips = [] if importlib.util.find_spec("rdata") else ["rdata"]
+    todo = ([f"apt-get install -y {' '.join(debs)}"] if debs else []) + ([f"pip install {' '.join(pips)}"] if pips else [])
+    return "; ".join(todo)
+
+
 POS_NAME = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
 
 # --------------------------------------------------------------------------------------- WordNet

@@ -81,6 +81,10 @@ def main():
     tok_dir = work / "tokenizer"
     if "corpus" in a.steps:
         import conversations_v3
+        import corpus
+
+        if corpus.missing_sources():
+            sys.exit(f"the corpus's sources are not all here; install them first: {corpus.missing_sources()}")
 
         conversations_v3.build(work / "corpus", variant=a.variant)
     if "data" in a.steps:
