@@ -29,7 +29,9 @@ _row_topk = None
 
 def use_row_topk(fn) -> None:
     """fn(logits, temperature, top_k, top_p, min_p) -> (indices, probabilities), or None for MLX's
-    ops; `fn.supports(logits, top_k)` says which rows it takes."""
+    ops; `fn.supports(logits, top_k)` says which rows it takes. An optional
+    `fn.draw(logits, u, temperature, top_k, top_p, min_p) -> (tokens, indices, probabilities)`,
+    u one uniform in [0, 1) a row, also draws the token (SamplerConfig.draw)."""
     global _row_topk
     _row_topk = fn
 
@@ -88,6 +90,13 @@ class SamplerConfig:
         support = (indices or None, probabilities over them); support is None when greedy."""
         if self.greedy:
             return mx.argmax(self.mask(logits, allowed), axis=-1), None
+        fn = _row_topk
+        if allowed is None and getattr(fn, "draw", None) is not None and fn.supports(logits, self.top_k):
+            # The support and the draw in the kernel's launches: inverse CDF at one uniform a row.
+            # The same distribution as categorical's Gumbel-max; only the token a key gives differs.
+            u = mx.random.uniform(shape=logits.shape[:-1], key=key)
+            tok, idx, p = fn.draw(logits, u, self.temperature, self.top_k, self.top_p, self.min_p)
+            return tok, (idx, p)
         idx, p = self.support(logits, allowed)
         j = categorical(p, key)
         if idx is None:

@@ -17,7 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-draw")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles", "topk-kernel")
 
@@ -90,7 +90,9 @@ class Settings(BaseSettings):
     # sequences is handed every 8 layers by default, since section 16), "batch-verify-wait" (that
     # default off, to pair it), "batch-submit" (a plain step of several sequences, AR at B > 1,
     # handed every 8 layers), "topk-mlx" (the sampler's top-k supports through MLX's ops instead of
-    # the default CUDA kernel, to pair them). Each keeps every row's bits (checked at load), so it
+    # the default CUDA kernel, to pair them), "topk-draw" (the kernel also draws the token, by inverse
+    # CDF from one uniform a row, instead of categorical's ~8 launches after it; not yet measured on
+    # a GPU). Each keeps every row's bits (checked at load), so it
     # only moves speed; the top-k kernel keeps the sampler's distribution (its supports checked at
     # load against MLX's ops) but orders the kept columns its own way, so a given seed draws other
     # tokens with "topk-mlx" than without. ("two-tiles", 9-16 rows in one matmul launch, is the

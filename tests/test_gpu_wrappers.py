@@ -352,7 +352,7 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-mlx"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-mlx, topk-draw"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -420,12 +420,14 @@ def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, mo
     def trials(names):
         return LoadOptions.from_settings(Settings(gpu_trials=names)).gpu_trials
     for verdict in (None, "the top-k support kernel keeps other columns than the reference"):
-        monkeypatch.setattr(kernels, "topk_verdict", lambda v=verdict: v)
+        monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False, v=verdict: v)
         for names in ("", "topk-kernel"):
             b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials(names))
             assert sampling._row_topk is (cuda_topk.row_topk_support if verdict is None else None)
             assert (f"sampled supports through MLX's ops ({verdict})" in b.note) == (verdict is not None)
-    monkeypatch.setattr(kernels, "topk_verdict", lambda: None)
+    monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: None)
+    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-draw"))
+    assert sampling._row_topk is cuda_topk.row_topk_drawing
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-mlx"))
     assert sampling._row_topk is None and "trials on: topk-mlx" in b.note
     backends.choose("native", [nn.RoPE(8)], device=mx.cpu, cuda=False)
@@ -595,7 +597,7 @@ def test_the_banner_says_how_long_the_kernel_check_took_and_what_it_compiled(tmp
 
     monkeypatch.setattr(backends, "_verdict", compiles)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))   # its own test above
-    monkeypatch.setattr(kernels, "topk_verdict", lambda: None)                  # and this one's
+    monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: None)            # and this one's
     monkeypatch.setattr(sampling, "_row_topk", None)
     for k in ("on", "why"):
         monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES[k])

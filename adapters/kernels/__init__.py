@@ -170,10 +170,11 @@ last_check_seconds: Dict[str, float] = {}
 
 
 @lru_cache(maxsize=None)
-def topk_verdict() -> Optional[str]:
-    """cuda_topk.check once a process: None where the kernel's supports equal MLX's, else why not."""
+def topk_verdict(draw: bool = False) -> Optional[str]:
+    """cuda_topk.check once a process: None where the kernel's supports (and with `draw` its drawn
+    tokens) equal the reference's, else why not."""
     try:
-        return cuda_topk.check()
+        return cuda_topk.check(draw=draw)
     except Exception as e:  # a compile or launch failure: MLX's ops serve
         return f"the top-k support kernel failed: {type(e).__name__}: {e}"
 

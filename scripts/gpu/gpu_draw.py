@@ -10,7 +10,9 @@ the default sampler's support and draw (T 0.6, top_k 20, top_p 0.95) and their p
 (argpartition, topk, max). On the H200 (docs/bench/2026-12-04/gpu-s18b-draw.json) a split-row
 argmax kernel took 0.055 ms against mx.argmax's 0.079 but left the MTP step unchanged, so it went.
 On a GPU it also times the support and the draw through the top-k support kernel
-(adapters/kernels/cuda_topk.py, the "topk-kernel" trial) after its check.
+(adapters/kernels/cuda_topk.py, the "topk-kernel" trial) after its check: the draw as the support
+by the kernel then categorical ("top-k kernel"), and with the kernel also drawing the token
+(row_topk_draw, what SamplerConfig.draw uses with the kernel set: "top-k kernel drawing").
 """
 from __future__ import annotations
 
@@ -76,16 +78,18 @@ def main() -> int:
             "max (fp32)": lambda: mx.max(xf, axis=-1),
         }
         if why is None:   # the "topk-kernel" trial's path: the same calls with the kernel set
-            def with_kernel(fn):
+            def with_kernel(fn, hook=cuda_topk.row_topk_support):   # (row_topk_drawing: the "topk-draw" trial)
                 def run():
-                    sampling.use_row_topk(cuda_topk.row_topk_support)
+                    sampling.use_row_topk(hook)
                     try:
                         return fn()
                     finally:
                         sampling.use_row_topk(None)
                 return run
+
             ops["sampler.support, top-k kernel"] = with_kernel(lambda: sampler.support(x)[1])
             ops["sampler.draw, top-k kernel"] = with_kernel(lambda: sampler.draw(x, key)[0])
+            ops["sampler.draw, top-k kernel drawing"] = with_kernel(lambda: sampler.draw(x, key)[0], cuda_topk.row_topk_drawing)
         row = {name: round(synced_ms(fn, a.repeats), 4) for name, fn in ops.items()}
         out["rows"][str(R)] = row
         for name, ms in row.items():

@@ -201,6 +201,9 @@ def collect(full: bool, project: str = PROJECT):
         for k in (20, 64):
             rec(f"topk_support k={k} {dt}", lambda dt=dt, k=k: cuda_topk.row_topk_support(
                 mx.zeros((4, 248320), dt), 0.6, k, 0.95, 0.0))
+            if hasattr(cuda_topk, "row_topk_draw"):   # the fold that also draws (its partials: the same)
+                rec(f"topk_draw k={k} {dt}", lambda dt=dt, k=k: cuda_topk.row_topk_draw(
+                    mx.zeros((4, 248320), dt), mx.zeros((4,), f32), 0.6, k, 0.95, 0.0))
     return out
 
 
