@@ -70,7 +70,7 @@ train)
     local limit=$1; shift
     timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
       --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 "$@"
+      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} "$@"
   }
   # EXTRA2 (optional): a second phase resumed from the first, with these arguments, over the last
   # SECS2 seconds (v3b: 1,024-token windows first for more optimizer steps, then 4,096 so the long
@@ -88,7 +88,8 @@ train)
     log "phase 2 exit $? after $(( $(date +%s) - START )) s"
     FINAL=$W/runs2/V3
   fi
-  grep -E "fla|step|done|Error|error" $W/V3.stdout | tail -12
+  grep -E "fla|step|done|Error|error" $W/V3.stdout | grep -v profile: | tail -12
+  grep "profile:" $W/V3.stdout | head -14   # one step's kernels (PROFILE_STEP, 0: none): where a step's time goes
   python3 $S/shards_q8.py pack $FINAL $W/V3.q8.safetensors
   split -b 15M -d -a 2 $W/V3.q8.safetensors $OUTDIR/V3.q8.part-
   sha256sum $W/V3.q8.safetensors | tee $OUTDIR/V3.q8.sha256

@@ -196,6 +196,29 @@ def accept_weight(a, frac: float) -> float:
     return a.accept_w * min(1.0, max(0.0, (frac - a.accept_start) / max(a.accept_ramp, 1e-9)))
 
 
+def profiled(step: int, at: int):
+    """A torch profiler around training step `at` (0: none). Why: a step of the demo took ~0.75 s on
+    the H200 where its matrix work is ~0.04 s; this says which kernels and how many take the rest."""
+    if not at or step != at:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    return profile(activities=acts)
+
+
+def report_profile(prof, seconds: float, P) -> None:
+    """The profiled step's wall time, its kernels' count and summed device time, the top ops by it."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    P(f"profile: step {seconds * 1e3:.0f} ms wall, {len(kernels)} kernels, {busy_ms:.0f} ms of kernel time")
+    device_us = lambda e: e.self_device_time_total  # noqa: E731
+    for e in sorted(prof.key_averages(), key=device_us, reverse=True)[:12]:
+        P(f"profile: {device_us(e) / 1e3:8.1f} ms device  {e.count:6d} calls  {e.key[:80]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="artifacts/demo/data")
@@ -209,6 +232,7 @@ def main():
                     help="length of the lr / acceptance-term schedule in steps (default --max-steps)")
     ap.add_argument("--batch", type=int, default=16, help="windows per step")
     ap.add_argument("--micro-batch", type=int, default=0, help="split each batch (gradient accumulation; 0 = no)")
+    ap.add_argument("--profile-step", type=int, default=0, help="profile this training step and log its kernels (0 = no)")
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.05)
@@ -263,6 +287,9 @@ def main():
         aw = accept_weight(a, progress(a, step, el))
         ids, w, epoch = next(it)
         ids, w = ids.to(dev, non_blocking=True), w.to(dev, non_blocking=True).long()
+        prof, t_step = profiled(step, a.profile_step), time.time()
+        if prof is not None:
+            prof.__enter__()
         opt.zero_grad(set_to_none=True)
         for mb, mw in zip(ids.split(a.micro_batch or a.batch), w.split(a.micro_batch or a.batch)):
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
@@ -271,6 +298,11 @@ def main():
             (L["total"] * mb.shape[0] / ids.shape[0]).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if prof is not None:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            report_profile(prof, time.time() - t_step, P)
         step += 1
         seen += ids.numel()
         if step % 50 == 0 or step == 1:
