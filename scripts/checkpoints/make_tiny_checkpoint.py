@@ -40,7 +40,8 @@ import math
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 # Fast BLAS before mlx.core is imported (no-op when unavailable or already imported).
 _REPO = Path(__file__).resolve().parents[2]
@@ -66,36 +67,75 @@ DEFAULT_SIDECAR = "optiq/mtp.safetensors"
 _OUT_PROJ = ("o_proj", "out_proj", "down_proj")
 
 
-def _init_param(name: str, shape, rng: np.random.Generator, *, num_layers: int,
-                norm_std: float, residual_gain: float = 1.0) -> np.ndarray:
+@dataclass(frozen=True)
+class Draws:
+    """Where random values come from and the few array ops the init rules use: NumPy's generator
+    (the default, `numpy_draws`) or MLX's on the default device (`mlx_draws`: a 9B-shaped trunk's
+    8.6 billion values drawn and scaled on a GPU, not on the host)."""
+
+    normal: Callable      # shape -> standard normal values
+    uniform: Callable     # (low, high, shape) -> uniform values
+    log: Callable
+    to32: Callable        # -> float32
+    scale_rows: Callable  # (w, row ids, factor) -> w with those rows multiplied
+
+
+def numpy_draws(rng: np.random.Generator) -> Draws:
+    def scale_rows(w, ids, factor):
+        w[ids] *= factor
+        return w
+    return Draws(rng.standard_normal, lambda lo, hi, shape: rng.uniform(lo, hi, size=shape), np.log,
+                 lambda a: a.astype(np.float32), scale_rows)
+
+
+def mlx_draws(seed: int) -> Draws:
+    import mlx.core as mx
+
+    key = [mx.random.key(seed)]
+
+    def sub():
+        key[0], k = mx.random.split(key[0])
+        return k
+
+    def scale_rows(w, ids, factor):
+        rows = np.ones(w.shape[0], np.float32)
+        rows[ids] = factor
+        return w * mx.array(rows)[:, None]
+    return Draws(lambda shape: mx.random.normal(tuple(shape), key=sub()),
+                 lambda lo, hi, shape: mx.random.uniform(lo, hi, tuple(shape), key=sub()), mx.log,
+                 lambda a: a.astype(mx.float32), scale_rows)
+
+
+def _init_param(name: str, shape, d: Draws, *, num_layers: int,
+                norm_std: float, residual_gain: float = 1.0):
     """Sensible random values for one parameter of a qwen3_5 trunk / decoder layer."""
     leaf = name.rsplit(".", 1)[-1]
     owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
     if leaf == "A_log":
-        return np.log(rng.uniform(1.0, 16.0, size=shape)).astype(np.float32)
+        return d.to32(d.log(d.uniform(1.0, 16.0, shape)))
     if leaf == "dt_bias":
-        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        return d.to32(1.0 + 0.1 * d.normal(shape))
     if owner.endswith("norm") or owner.endswith("layernorm"):
         # RMSNorm weights as applied: near 1.
-        return (1.0 + norm_std * rng.standard_normal(shape)).astype(np.float32)
+        return d.to32(1.0 + norm_std * d.normal(shape))
     if owner == "conv1d":  # (C, K, 1)
         k = shape[1]
-        return (rng.standard_normal(shape) / math.sqrt(k)).astype(np.float32)
+        return d.to32(d.normal(shape) / math.sqrt(k))
     if len(shape) in (2, 3):  # linears, and experts stacked [E, out, in]
         fan_in = shape[-1]
         std = 1.0 / math.sqrt(fan_in)
         if owner in _OUT_PROJ:
             std *= residual_gain
-        return (std * rng.standard_normal(shape)).astype(np.float32)
-    return (0.02 * rng.standard_normal(shape)).astype(np.float32)
+        return d.to32(std * d.normal(shape))
+    return d.to32(0.02 * d.normal(shape))
 
 
-def _output_table(vocab: int, hidden: int, rng: np.random.Generator, *, logit_std: float,
-                  frequent_ids: np.ndarray, frequent_scale: float) -> np.ndarray:
+def _output_table(vocab: int, hidden: int, d: Draws, *, logit_std: float,
+                  frequent_ids: np.ndarray, frequent_scale: float):
     """Rows whose dot product with a unit-RMS hidden state has std ``logit_std``."""
-    w = rng.standard_normal((vocab, hidden)).astype(np.float32) * (logit_std / math.sqrt(hidden))
+    w = d.to32(d.normal((vocab, hidden))) * (logit_std / math.sqrt(hidden))
     if len(frequent_ids):
-        w[frequent_ids] *= frequent_scale
+        w = d.scale_rows(w, frequent_ids, frequent_scale)
     return w
 
 
@@ -153,6 +193,8 @@ def make_tiny_checkpoint(
     residual_gain: float = 4.0,
     quant_overrides: Optional[dict] = None,
     max_shard_bytes: Optional[int] = None,
+    big_draws: Optional[Draws] = None,
+    big_from: int = 1 << 20,
     overwrite: bool = True,
     template: str = "chatml",
     family: str = "qwen3_5",
@@ -175,6 +217,8 @@ def make_tiny_checkpoint(
     (``mtp_file`` and ``mlx_lm_extra_tensors.mtp_file``, as OptiQ writes), ``extra``,
     ``mtp_file`` or ``none`` (the loader must find it at a default location).
     ``write_sidecar=False`` makes a checkpoint with no MTP head at all.
+    ``big_draws`` (``mlx_draws(seed)``) draws the trunk's tensors of ``big_from`` values or more
+    there instead of with NumPy (the same rules, other values): scripts/gpu/gpu_make_checkpoint.py.
     ``quant_overrides`` (``{"lm_head": 8, "embed_tokens": 8}``: module-path suffix -> bits)
     gives those trunk modules their own bits, recorded per path in ``quantization`` the way
     mlx-lm's mixed-precision recipes (and OptiQ) write it.
@@ -315,19 +359,21 @@ def make_tiny_checkpoint(
             lo = 0
         frequent_ids = np.sort(rng.choice(np.arange(lo, hi), size=frequent_tokens, replace=False))
     new = {}
+    small = numpy_draws(rng)
     for name in sorted(params):
         shape = params[name].shape
+        d = big_draws if big_draws is not None and math.prod(shape) >= big_from else small
         if name.endswith("embed_tokens.weight"):
             if tie_word_embeddings:
-                w = _output_table(vocab_size, hidden_size, rng, logit_std=logit_std,
+                w = _output_table(vocab_size, hidden_size, d, logit_std=logit_std,
                                   frequent_ids=frequent_ids, frequent_scale=frequent_scale)
             else:
-                w = rng.standard_normal(shape).astype(np.float32)
+                w = d.to32(d.normal(shape))
         elif name.endswith("lm_head.weight"):
-            w = _output_table(vocab_size, hidden_size, rng, logit_std=logit_std,
+            w = _output_table(vocab_size, hidden_size, d, logit_std=logit_std,
                               frequent_ids=frequent_ids, frequent_scale=frequent_scale)
         else:
-            w = _init_param(name, shape, rng, num_layers=num_layers, norm_std=norm_std,
+            w = _init_param(name, shape, d, num_layers=num_layers, norm_std=norm_std,
                             residual_gain=residual_gain)
         new[name] = w
     tdt = _dtype(dtype)
@@ -335,7 +381,7 @@ def make_tiny_checkpoint(
     from mlx.utils import tree_unflatten
 
     model.update(tree_unflatten([
-        (k, mx.array(v).astype(tdt) if cast(k) else mx.array(v)) for k, v in new.items()
+        (k, mx.array(v).astype(tdt) if cast(k) else mx.array(v)) for k, v in new.items()   # (an mx.array too)
     ]))
     if family == "qwen3_next":
         config = {"architectures": ["Qwen3NextForCausalLM"], **text_config, "torch_dtype": dtype}
@@ -510,7 +556,7 @@ def _mtp_tensors(family, text_config, rng, *, hidden_size, head_dim, n_layers, f
     for i in range(n_layers):
         for name in sorted(layer_params):
             applied[f"layers.{i}.{name}"] = _init_param(
-                name, layer_params[name].shape, rng, num_layers=num_layers, norm_std=norm_std,
+                name, layer_params[name].shape, numpy_draws(rng), num_layers=num_layers, norm_std=norm_std,
                 residual_gain=residual_gain)
     if weight_scale != 1.0:
         for k, v in applied.items():

@@ -7,8 +7,9 @@
     python scripts/gpu/gpu_make_checkpoint.py --out /tmp/n80 --shape next-80b-a3b   # Qwen3-Next-80B-A3B, ~45 GB
 
 make_tiny_checkpoint draws its weights with numpy, one core: 202 s for the 9B shape on the
-H200 machine, most of it in standard_normal. Here the large draws come from mx.random on the
-default device instead (the same distribution, other values); everything else is
+H200 machine, most of it in standard_normal; with those draws from mx.random but scaled in numpy,
+90 s (2026-12-04: 36 GB of float32 through the host). Here the trunk's large tensors are drawn and
+scaled on the default device (`mlx_draws`: the same rules, other values); everything else is
 make_tiny_checkpoint's own code. The MoE shapes do not fit that path (it holds every weight in
 float32 on the host: 140 GB for 35B): `build_moe` makes each weight on the device in bf16,
 quantizes the trunk with mlx-lm and writes the head as a bf16 sidecar (Hugging Face names, the
@@ -29,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import adapters  # noqa: E402,F401  (BLAS preload before mlx)
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 
 from scripts.checkpoints import make_tiny_checkpoint as mtc  # noqa: E402
 from scripts.checkpoints.shards import save_trunk  # noqa: E402
@@ -161,34 +161,11 @@ def build_moe(out: str, shape: str, bits: int = 4, group_size: int = 64, dtype: 
     return out
 
 
-class FastRng:
-    """np.random.Generator for make_tiny_checkpoint, with large normal draws from mx.random."""
-
-    BIG = 1 << 20
-
-    def __init__(self, seed):
-        self._np = np.random.Generator(np.random.PCG64(seed))
-        self._key = mx.random.key(int(seed) if seed is not None else 0)
-
-    def standard_normal(self, size=None, *args, **kwargs):
-        if size is None or int(np.prod(size)) < self.BIG:
-            return self._np.standard_normal(size, *args, **kwargs)
-        self._key, sub = mx.random.split(self._key)
-        return np.array(mx.random.normal(tuple(int(s) for s in np.atleast_1d(size)), key=sub))
-
-    def __getattr__(self, name):
-        return getattr(self._np, name)
-
-
 def build(out: str, shape: str = "9b", bits: int = 4, group_size: int = 64, dtype: str = "bfloat16",
-          context: int = CONTEXT) -> Path:
-    real = np.random.default_rng
-    np.random.default_rng = FastRng  # make_tiny_checkpoint calls np.random.default_rng(seed)
-    try:
-        return mtc.make_tiny_checkpoint(out, bits=bits, group_size=group_size, mtp_bits=bits,
-                                        dtype=dtype, max_position_embeddings=context, **SHAPES[shape])
-    finally:
-        np.random.default_rng = real
+          context: int = CONTEXT, host: bool = False) -> Path:
+    return mtc.make_tiny_checkpoint(out, bits=bits, group_size=group_size, mtp_bits=bits, dtype=dtype,
+                                    max_position_embeddings=context,
+                                    big_draws=None if host else mtc.mlx_draws(0), **SHAPES[shape])
 
 
 def main(argv=None) -> int:
@@ -200,10 +177,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--context", type=int, default=CONTEXT,
                     help=f"max_position_embeddings, the server's context in tokens (default {CONTEXT:,})")
+    ap.add_argument("--host", action="store_true", help="draw every weight with NumPy on the host (slow; the fallback)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    make = build_moe if a.shape in MOE_SHAPES else build
-    path = make(a.out, a.shape, a.bits, a.group_size, a.dtype, a.context)
+    if a.shape in MOE_SHAPES:
+        path = build_moe(a.out, a.shape, a.bits, a.group_size, a.dtype, a.context)
+    else:
+        path = build(a.out, a.shape, a.bits, a.group_size, a.dtype, a.context, host=a.host)
     print(f"wrote {path} ({a.shape}, {a.bits}-bit g{a.group_size}, {a.dtype}, context {a.context:,}) "
           f"in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -9,4 +9,4 @@ t0=$(date +%s); say() { echo "=== [$(( $(date +%s) - t0 )) s] $*"; }
 T() { timeout ${2:-420} bash -c "$1"; }
 git rev-parse HEAD 2>/dev/null; git status --short | head
 say checkpoint
-[ -f $C/config.json ] || $PY scripts/gpu/gpu_make_checkpoint.py --out $C
+[ -f $C/config.json ] || $PY scripts/gpu/gpu_make_checkpoint.py --out $C || $PY scripts/gpu/gpu_make_checkpoint.py --out $C --host
