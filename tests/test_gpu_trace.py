@@ -12,6 +12,7 @@ def _x(name, cat, ts, dur):
 def test_each_call_is_its_kernels_between_its_marks():
     trace = {"traceEvents": [
         _x("call 0", "user_annotation", 1000, 100),
+        _x("call 0", "gpu_user_annotation", 1040, 50),     # the GPU timeline's copy: not a call
         _x("cudaGraphLaunch", "cuda_runtime", 1030, 5),
         _x("qmv", "kernel", 1040, 20), _x("rms", "kernel", 1070, 5), _x("qmv", "kernel", 1080, 10),
         _x("call 1", "user_annotation", 5000, 80),

@@ -58,7 +58,9 @@ def parts(ad, cache, draft, hidden, ids) -> dict:
 def calls_in(trace: dict, runs: int) -> list:
     """The trace's kernels and CUDA API calls grouped by the call (a "call N" annotation) they fall in."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
-    marks = sorted((e for e in events if e.get("name", "").startswith("call ")), key=lambda e: e["ts"])[:runs]
+    # (the host's annotation: the GPU's timeline carries a copy of it, as "gpu_user_annotation")
+    marks = sorted((e for e in events if e.get("cat") == "user_annotation" and e.get("name", "").startswith("call ")),
+                   key=lambda e: e["ts"])[:runs]
     out = [{"start": m["ts"], "wall": m["dur"], "kernels": [], "runtime": []} for m in marks]
     for e in events:
         cat = e.get("cat", "")
