@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -30,6 +30,10 @@ LIMITS = {
 # v3f: v3e with 9,000 tool conversations (their schemas add tokens, so the notes' share falls)
 LIMITS["v3f"] = {**LIMITS["v3e"], "notes_share": (0.20, 0.30), "tokens_max": 13_500_000, "tools_min": 8500,
                  "listed_min": 0.5}
+# v3g: v3f's with the explained answers' share of the trained-on tokens (mask.npy: replies, thoughts, notes,
+# prose) and mean length, and the distinct dictionary names
+LIMITS["v3g"] = {**LIMITS["v3f"], "notes_share": (0.18, 0.30), "tokens_max": 13_000_000,
+                 "explain_share": (0.12, 0.25), "explain_tokens_mean": (50, 90), "dict_names_min": 5000}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -183,12 +187,12 @@ LISTED = re.compile(r"the tools offered are (.+?)\. The (\S+) tool fits\.")
 CALLED = re.compile(r'<tool_call>\s*\{"name": "([^"]+)"')
 
 
-def check_v3f(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3f(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3f") -> list:
     """v3f: v3e's checks with v3f's limits; and in the tool documents, every thought that lists the
     offered tools names one of them, the call that follows calls that one, and such thoughts precede
     at least `listed_min` of the first calls."""
-    lim = lim or LIMITS["v3f"]
-    problems = check_v3e(work, lim, held, variant="v3f")
+    lim = lim or LIMITS[variant]
+    problems = check_v3e(work, lim, held, variant=variant)
     listed = firsts = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
@@ -212,7 +216,96 @@ def check_v3f(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
-CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f}
+THINK = re.compile(r"^<think>\n(.*?)\n</think>\n\n", re.S)
+SENTENCE_END = re.compile(r'(?<=[.!?])(?<!\b[A-Z]\.)"?\s+(?=["A-Z])')   # not after an initial ("C. S. Forester")
+TOOL_DEF = re.compile(r'^\{"type": "function", "function": \{"name": "([^"]+)", "description": "([^"]+)"', re.M)
+
+
+def reply_tokens_by_kind(work: Path) -> dict | None:
+    """The trained-on tokens (mask.npy: replies, their thoughts, notes, prose) by document kind, and
+    "total"; None before the data step."""
+    import numpy as np
+
+    data = Path(work) / "data"
+    if not (data / "mask.npy").exists():
+        return None
+    kinds = [json.loads(l)["kind"] for l in open(Path(work) / "corpus" / "docs.jsonl")]
+    mask = np.load(data / "mask.npy")
+    starts = np.append(np.load(data / "docs.npy"), len(mask))
+    cum = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+    out = {}
+    for k, a, b in zip(kinds, starts[:-1], starts[1:]):
+        out[k] = out.get(k, 0) + int(cum[b] - cum[a])
+    out["total"] = int(cum[-1])
+    return out
+
+
+def check_v3g(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3g: v3f's checks with v3g's limits; the explained answers ("explain" documents) of 3-5 sentences
+    (as the generator counted them, and >= 97 % by their text), within EXPLAIN_MAX_WORDS words, each
+    naming its question's subject in its first sentence and in its thought (when it has one), none asked
+    about a held-out subject (the judge's, or the race's and everyday prompts'); their share of the
+    trained-on tokens and their mean length in tokens within LIMITS; the dictionary tools' names
+    distinct enough, none an evaluation name nor holding one of their stems."""
+    import eval_v3
+
+    lim = lim or LIMITS["v3g"]
+    problems = check_v3f(work, lim, held, variant="v3g")
+    import conversations as C
+
+    sentences = json.loads((Path(work) / "corpus" / "stats.json").read_text()).get("v3g", {}).get("sentences")
+    if not sentences or set(sentences) - {"3", "4", "5"}:
+        problems.append(f"explained answers of {sorted(sentences or [])} sentences, want 3-5")
+    # the build keeps the race's and everyday prompts' subjects out of the explained questions too
+    held = (V3.heldout_subjects() if held is None else held) | C.HELDOUT_TOPICS
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
+    stems = V3.copy_stems(eval_v3.EVAL_NAMES)
+    template = V3.template_words()
+    answers, in_range, dict_names = [], 0, set()
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        if d["kind"] == "tools":
+            dict_names |= {n for n, desc in TOOL_DEF.findall(d["text"]) if desc in V3.DICT_DESC}
+        if d["kind"] != "explain":
+            continue
+        turns = TURN.findall(d["text"])
+        for (_, q), (_, a) in zip(turns[0::2], turns[1::2]):
+            m = THINK.match(a)
+            thought, ans = (m.group(1), a[m.end():]) if m else (None, a.split("</think>")[-1].strip())
+            answers.append(ans)
+            n = len(SENTENCE_END.split(ans))
+            in_range += 3 <= n <= 5
+            subject = set(WORDS.findall(q.lower())) - template
+            if held_re.search(q.lower()):
+                problems.append(f"an explained question names a held-out subject: {q!r}")
+            if len(ans.split()) > V3.EXPLAIN_MAX_WORDS:
+                problems.append(f"an explained answer of {len(ans.split())} words: {ans[:80]!r}")
+            if not subject & set(WORDS.findall(SENTENCE_END.split(ans)[0].lower())):
+                problems.append(f"an explained answer does not name its subject first: {q!r} -> {ans[:80]!r}")
+            if thought and not subject & set(WORDS.findall(thought.lower())):
+                problems.append(f"a thought does not name the subject: {q!r} -> {thought!r}")
+    if not answers or in_range / len(answers) < 0.97:
+        problems.append(f"{in_range} of {len(answers)} explained answers read as 3-5 sentences (want >= 97 %)")
+    if len(dict_names) < lim["dict_names_min"]:
+        problems.append(f"{len(dict_names)} distinct dictionary names, fewer than {lim['dict_names_min']}")
+    problems += [f"a dictionary name clashes with the evaluation's names: {n!r}" for n in sorted(dict_names)
+                 if V3.clashes(n, eval_v3.EVAL_NAMES, stems)][:20]
+    replies = reply_tokens_by_kind(work)
+    if replies:
+        share = replies.get("explain", 0) / replies["total"]
+        if not _between(share, lim["explain_share"]):
+            problems.append(f"explained answers are {share:.1%} of the trained-on tokens, "
+                            f"outside {lim['explain_share']}")
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(work) / "tokenizer" / "tokenizer.json"))
+        mean = sum(len(e.ids) for e in tok.encode_batch(answers)) / len(answers)
+        if not _between(mean, lim["explain_tokens_mean"]):
+            problems.append(f"explained answers of {mean:.1f} tokens on average, outside {lim['explain_tokens_mean']}")
+    return problems
+
+
+CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g}
 
 
 def main():

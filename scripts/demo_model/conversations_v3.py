@@ -16,6 +16,9 @@ Documents (docs.jsonl, the format tokenizer.encode_corpus reads):
   long     conversations of 1.5-4k tokens (a quarter with a pasted passage), so that the 4,096-token
            windows stay filled with whole conversations as in v2
   prose    v2's plain documents (Python tutorial, Jane Austen)
+  explain  (--variant v3g) 1-3 questions that ask for an explanation ("Explain what a X is.", "What is a X?
+           Give an example.", "Who was X?", "What does the word X mean?"), each answered in 3-5 sentences
+           from the short answers' facts (everyday_v3 section i)
   note_*   (f) plain notes stating the short answers' facts in several phrasings, no questions
            (everyday_v3.fact_notes), for every subject but the tool evaluation's words and v2's
            held-out topics: the judge's held-out subjects' facts too, as statements only
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -49,7 +53,7 @@ V2_KEEP = {"concept": 0.0, "define": 0.35, "example": 0.5, "synonym": 0.5, "anto
            "arithmetic": 0.4, "difference": 0.3, "spelling": 0.5}
 
 
-def _v2_exchanges(rng, exclude):
+def _v2_exchanges(rng, exclude, keep=V2_KEEP):
     parts, prose, wn = C.exchanges(rng)
     tool_words = {w.strip() for w in (HERE / "tool_words.txt").read_text().split()}
     evals = {l.strip().lower() for f in ("everyday_prompts.txt", "race_prompts.txt")
@@ -58,7 +62,7 @@ def _v2_exchanges(rng, exclude):
     for d in (d for v in parts.values() for d in v):
         if C.held_out(d, tool_words, evals) or exclude(d):
             removed += 1
-        elif rng.random() < V2_KEEP.get(d["kind"], 1.0):
+        elif rng.random() < keep.get(d["kind"], 1.0):
             items.append(d)
     return items, prose, wn, removed, tool_words
 
@@ -85,14 +89,24 @@ VARIANTS = {
 # offered tools' names before it names the one that fits (V3_PLAN.md section 13: v3e-more2 copied the
 # word into the call, but named the offered dictionary in 10 of 50)
 VARIANTS["v3f"] = {**VARIANTS["v3e"], "n_tools_v3e": 9000, "tool_think_frac": 0.85, "list_tools": True}
+# v3g: v3f's corpus with (everyday_v3 section i) explained answers of 3-5 sentences to the questions that ask
+# for an explanation (v3f wrote ~20 tokens to the Race tab's prompts: the race showed ~1.1x), and every
+# made tool's name from a pool of real-word names used about once each, the other offered tools renamed
+# in `rename_frac` of the conversations, the dictionary first in `dict_frac` (v3f named the offered
+# dictionary 9 times of 50, writing names of its training's shapes). Room for them: JSON 5,000 (v3f
+# 9,000), chats 8,000 (9,000), long conversations 120 (150), v2's prose 30 % (60 %), each focused fact
+# stated 60 times (68); v2's one-sentence "Who was X?" answers left out (the explained ones answer it)
+VARIANTS["v3g"] = {**VARIANTS["v3f"], "n_json": 5000, "n_docs_chat": 8000, "n_long": 120, "prose_keep": 0.3,
+                   "repeats": 60, "v2_keep": {"person": 0.0}, "explain": True, "real_names": True, "dict_frac": 0.7,
+                   "rename_frac": 0.4}
+# the system prompts an explained answer may follow: none that asks for brevity
+LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
 
 def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system):
     """v3e's added documents: "drill" (2-8 short exchanges of the binding drills and copying drills;
     half of them one kind only, so the context holds other subjects of the same kind and the answer
     must follow the last question's subject) and "tools" (tool_conversations_v3e). Returns stats."""
-    import re
-
     import eval_v3
 
     rng = random.Random(seed + 3)
@@ -136,11 +150,20 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
         banned |= {f"{v}_{n}" for v in verbs for n in nouns} | {f"{n}_{v}" for v in verbs for n in nouns} \
             | set(nouns) | {f"{v}{n.capitalize()}" for v in verbs for n in nouns}
     name_words = sorted({f["subject"] for f in focus["definition"] if re.fullmatch(r"[a-z]{3,9}", f["subject"])})
+    pool = None
+    if cfg.get("real_names"):   # v3g: names of real words, each once, none an evaluation name or of its stems
+        stems = V3.copy_stems(eval_v3.EVAL_NAMES)
+        pool = V3.real_names(random.Random(seed + 6), *V3.tool_name_words(skip), 4 * cfg["n_tools_v3e"],
+                             lambda nm: nm in banned or V3.clashes(nm, eval_v3.EVAL_NAMES, stems))
     convs = V3.tool_conversations_v3e(trng, dict_words, caps, arith, plain, exclude, cfg["n_tools_v3e"],
                                       banned=banned, name_words=name_words,
-                                      think_frac=cfg.get("tool_think_frac", 0.5), list_tools=cfg.get("list_tools", False))
+                                      think_frac=cfg.get("tool_think_frac", 0.5), list_tools=cfg.get("list_tools", False),
+                                      **({"names": iter(pool), "rename_frac": cfg["rename_frac"],
+                                          "dict_frac": cfg["dict_frac"]} if pool else {}))
     for msgs, tools, thinking in convs:
         emit("tools", system([]) + msgs, tools, thinking)
+    dict_names = Counter(t["function"]["name"] for _, tools, _ in convs for t in tools
+                         if t["function"]["description"] in V3.DICT_DESC)
     per_subject = Counter()
     for (k, s), n in asked.items():
         per_subject[s] += n
@@ -150,7 +173,36 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
             "drilled_subjects": len(per_subject),
             "asks_per_subject_min_median_max": [vals[0], vals[len(vals) // 2], vals[-1]] if vals else None,
             "held_out_subjects": len(held), "tool_conversations_v3e": len(convs),
-            "dict_words_common_rare": [len(common), len(rare_pick)]}
+            "dict_words_common_rare": [len(common), len(rare_pick)],
+            **({"dict_names_distinct": len(dict_names), "dict_names_most_used": dict_names.most_common(1)[0][1],
+                "name_pool": len(pool)} if pool else {})}
+
+
+def _v3g_docs(seed, wn, held, skip, exclude, emit, think_frac=0.7):
+    """v3g's explained answers (everyday_v3 section i) in documents of their own ("explain": 1-3 exchanges,
+    the last one's thought naming the subject and the plan in `think_frac` of them; a system prompt in a
+    quarter, never one asking for brevity), from streams of their own (seed + 5). Returns stats."""
+    rng = random.Random(seed + 5)
+    nouns = V3.explain_noun_facts(wn, skip)
+    persons = V3.explain_person_facts(wn, skip)
+    adjectives = V3.explain_adjective_facts(wn, skip)
+    items = V3.explained_answers(rng, nouns, persons, adjectives, held, exclude)
+    rng.shuffle(items)
+    i = n_docs = 0
+    while i < len(items):
+        k = rng.choice([1, 1, 2, 3])
+        msgs = [{"role": "system", "content": rng.choice(LONG_OK_SYSTEM)}] if rng.random() < 0.25 else []
+        for d in items[i:i + k]:
+            msgs += [C.user(d["messages"][0]), C.assistant(d["messages"][1])]
+        emit("explain", msgs, None, rng.random() < think_frac, items[i:i + k][-1])
+        i += k
+        n_docs += 1
+    words = [len(d["messages"][1].split()) for d in items]
+    return {"explained": len(items), "explain_docs": n_docs,
+            "explained_by_kind": dict(Counter(d["about"] for d in items)),
+            "facts_nouns_persons_adjectives": [len(nouns), len(persons), len(adjectives)],
+            "sentences": dict(sorted(Counter(d["sentences"] for d in items).items())),
+            "words_mean_max": [round(sum(words) / len(words), 1), max(words)]}
 
 
 def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=True, variant="v3c"):
@@ -162,7 +214,7 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
     out.mkdir(parents=True, exist_ok=True)
     judge_ex = H.Exclusion()
     render = C.Renderer()
-    v2_items, prose, wn, removed, tool_words = _v2_exchanges(rng, judge_ex)
+    v2_items, prose, wn, removed, tool_words = _v2_exchanges(rng, judge_ex, {**V2_KEEP, **cfg.get("v2_keep", {})})
     evals = {l.strip().lower() for f in ("everyday_prompts.txt", "race_prompts.txt")
              for l in (HERE / f).read_text().splitlines() if l.strip()}
     # v3's own exchanges keep v2's held-out rules too (evaluate.py's everyday and race prompts and the
@@ -248,6 +300,11 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
     drill_stats = None
     if cfg.get("drills"):   # v3e: binding and copying drills, tools back; streams of their own (seed + 3, + 4)
         drill_stats = _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
+    explain_stats = None
+    if cfg.get("explain"):  # v3g: explained answers, the drills' subjects kept out, and no question naming one of
+        held = V3.heldout_subjects()   # the race's or everyday prompts' subjects at all ("a radio telescope")
+        explain_stats = _v3g_docs(seed, wn, held | C.HELDOUT_TOPICS | tool_words,
+                                  lambda w: w.lower() in held or w in tool_words or w in C.HELDOUT_TOPICS, exclude, emit)
     # chats of 1-6 exchanges, then long conversations
     for _ in range(n_docs_chat):
         msgs, last = system([]), None
@@ -299,6 +356,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
              "notes_share_of_chars": round(sum(v for k, v in chars.items() if k.startswith("note_")) / sum(chars.values()), 4)}
     if drill_stats:
         stats["v3e"] = drill_stats
+    if explain_stats:
+        stats["v3g"] = explain_stats
     if focus:
         stats["focus"] = {"facts": {k: len(v) for k, v in focus.items()}, "facts_total": sum(map(len, focus.values())),
                           "statements_per_fact": cfg["repeats"],

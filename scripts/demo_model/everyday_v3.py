@@ -35,6 +35,7 @@ import random
 import re
 from collections import defaultdict
 
+import everyday as E
 import heldout_everyday as H
 from corpus import _article, _w
 
@@ -129,11 +130,18 @@ def _noun_facts(syn, idx):
         s = syn[info["synsets"][0]]
         h = [p for p in s["ptrs"] if p[0] == "@"]
         hyper = _w(syn[(h[0][1], "n")]["words"][0]) if h else None
-        gloss = H.re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
-        np_ = None if not gloss else gloss if re.match(r"(a|an|the|any|one|some)\b", gloss) \
-            else f"{_article(gloss)} {gloss}"
+        gloss, np_ = _gloss_np(s["def"])
         ex = next((e for e in s["ex"] if w.split()[0] in e.lower()), None)
         yield w, _article(w), hyper, np_, gloss, ex, f
+
+
+def _gloss_np(defn):
+    """A noun's WordNet gloss as its short answers state it: (its first clause without a leading
+    domain label, the same as a noun phrase with an article or None when it is empty)."""
+    gloss = re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", defn).split(";")[0].strip())
+    np_ = None if not gloss else gloss if re.match(r"(a|an|the|any|one|some)\b", gloss) \
+        else f"{_article(gloss)} {gloss}"
+    return gloss, np_
 
 
 def kinds_and_definitions(rng, syn, idx, exclude):
@@ -428,6 +436,8 @@ def thought(item):
     """One short thought naming the subject (the model copies it into the answer), ~4-10 words."""
     s = item.get("word") or item.get("subject")
     t = THINK.get(item["kind"])
+    if item.get("thought"):   # v3g's explained answers carry their own (the subject and the plan)
+        return item["thought"]
     if t and s:
         return t.format(s=s)
     if item.get("word"):  # v2's word exchanges (define, example, synonym, ...)
@@ -676,6 +686,12 @@ def python_facts():
     return out
 
 
+def _noun_fmt(w, art):
+    """The template fields of a noun subject (focus_facts' and the explained answers')."""
+    return {"subject": w, "w": w, "W": w[:1].upper() + w[1:], "A": art.capitalize(),
+            "Pl": _plural(w)[:1].upper() + _plural(w)[1:]}
+
+
 def focus_facts(syn, idx, skip, n_nouns=FOCUS_NOUNS, n_opp=FOCUS_OPPOSITES):
     """kind -> the focused facts, each a dict of the fields its templates take (and "subject")."""
     nouns, opps = focus_words(syn, idx, skip, n_nouns, n_opp)
@@ -686,8 +702,7 @@ def focus_facts(syn, idx, skip, n_nouns=FOCUS_NOUNS, n_opp=FOCUS_OPPOSITES):
     for w, a, _ in opps:
         facts["opposite"].append({"subject": w, "w": w, "a": a, "W": w[:1].upper() + w[1:]})
     for w, art, hyper, np_, _, _, _ in nouns:
-        fmt = {"subject": w, "w": w, "W": w[:1].upper() + w[1:], "A": art.capitalize(),
-               "Pl": _plural(w)[:1].upper() + _plural(w)[1:]}
+        fmt = _noun_fmt(w, art)
         if hyper:
             facts["kind"].append({**fmt, "h": hyper, "ha": _article(hyper)})
         if np_:
@@ -912,7 +927,7 @@ DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}"
 
 
 def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
-                           think_frac=0.5, dict_frac=0.6, list_tools=False):
+                           think_frac=0.5, dict_frac=0.6, list_tools=False, names=None, rename_frac=0.0):
     """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
     dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
     get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
@@ -920,10 +935,17 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
     none of `banned`); the word is copied exactly into the call (half of the dictionary words are
     rare, long ones); the answer after the result repeats it. `dict_words`: [(word, definition)].
     `list_tools` (v3f): a thinking call's thought first lists the offered tools' names in the system
-    turn's order, so the name is copied from nearby text rather than from the schemas far back."""
+    turn's order, so the name is copied from nearby text rather than from the schemas far back.
+    `names` (v3g): an iterator of names (real_names) that every made tool takes its name from, one each,
+    instead of copy_name / word_name; and in `rename_frac` of the conversations the other offered tools
+    (get_weather, ...) take one too, so that no offered name can be recalled instead of read."""
     import conversations as C2
 
     def fresh_name(kind):
+        while names is not None:
+            nm = next(names)
+            if nm not in banned:
+                return nm
         while True:
             nm = copy_name(rng) if rng.random() < 0.6 else word_name(rng, name_words)
             if nm not in banned:
@@ -948,6 +970,8 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
             others = rng.sample(OTHER, rng.choice([1, 1, 2, 3]))
             first = None
         made = {k: tool(k) for k in kinds}
+        if rename_frac and rng.random() < rename_frac:
+            others = [(fresh_name("other"), *t[1:]) for t in others]
         tools = [t for t, _ in made.values()] + [tool_schema(*t) for t in others]
         rng.shuffle(tools)
         thinking = rng.random() < think_frac
@@ -973,4 +997,333 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
             msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking, offered)
         if msgs:
             out.append((msgs, tools, thinking))
+    return out
+
+
+# ------------------------------------------------------------------------------ (i) v3g: explained answers, names to copy
+#
+# v3f answers everything in one sentence: asked the Race tab's "What is a telescope? Explain it with an
+# example." it thought "A short answer." and wrote ~20 tokens, so the live AR-vs-MTP race measured ~1.1x
+# (a run's fixed costs weigh most on short replies; v2's 2-5 sentence answers showed 1.36x). v3g answers
+# the questions that ask for an explanation (explain X, X with an example, in a few sentences, who was
+# X, what does the word X mean) in 3-5 sentences built from the facts the short answers state (the
+# definition and the kind exactly as they state them, then WordNet's kinds, parts and an example),
+# after a thought that names the subject and the plan. The judge's families ("What is a X?", "Define
+# X.") keep their short answers; an explained answer still passes the judge's shape (the definition
+# and the kind in its first two sentences, at most EXPLAIN_MAX_WORDS words).
+
+EXPLAIN_MAX_WORDS = 75   # judge.MAX_WORDS is 90
+EXPLAIN_MIN_WORDS = 20   # "The word "away" means not present. It is an adjective. ..." is no explanation
+EXPLAIN_Q = {   # by what the answer starts with and must hold
+    "what": ["Explain what {a} {w} is.", "Can you explain what {a} {w} is?", "Explain what {a} {w} is in a few sentences.",
+             "Tell me about {a} {w}.", "Describe {a} {w}.", "What exactly is {a} {w}?", "I would like to know what {a} {w} is.",
+             "Explain {a} {w} to me.", "Give me a short explanation of {a} {w}.", "What is {a} {w}? Explain briefly.",
+             "In a few sentences, what is {a} {w}?", "What is {a} {w}? Tell me a bit more than a definition.",
+             "Could you describe what {a} {w} is?", "Explain the idea of {a} {w}."],
+    "example": ["What is {a} {w}? Explain it with an example.", "What is {a} {w}? Give an example.",
+                "Explain {a} {w} with an example.", "Explain {a} {w} to me, with an example.",
+                "Tell me what {a} {w} is, with an example.", "Can you explain what {a} {w} is and give an example?",
+                "What's {a} {w}? An example would help.", "Describe {a} {w} and give me an example."],
+    "word": ['What does the word "{w}" mean?', "What does the word {w} mean? Explain it.",
+             'Explain what the word "{w}" means.', "What is the meaning of the word {w}? Explain it in a few sentences.",
+             'Can you explain the word "{w}" to me?'],
+}
+PERSON_Q = {"was": ["Who was {n}?", "Who was {n}? Tell me a little about them.", "Tell me about {n}.",
+                    "What is {n} known for?", "Can you tell me who {n} was?", "Explain who {n} was.",
+                    "Who was {n}? Explain in a few sentences."],
+            "is": ["Who is {n}?", "Tell me about {n}.", "What is {n} known for?", "Can you tell me who {n} is?",
+                   "Explain who {n} is."]}
+ADJ_Q = ['What does the word "{w}" mean?', "What does the word {w} mean? Explain it.", 'Explain what the word "{w}" means.',
+         "What is the meaning of the word {w}? Explain it with an example.", 'Can you explain the word "{w}" to me?',
+         "What does {w} mean? Explain it in a few sentences."]
+
+
+def template_words() -> set:
+    """The words of the explained questions' templates (what is left of a question is its subject)."""
+    return {w for qs in [*EXPLAIN_Q.values(), *PERSON_Q.values(), ADJ_Q] for q in qs
+            for w in re.findall(r"[a-z][a-z'-]*", re.sub(r"\{\w+\}", " ", q).lower())} | {"a", "an"}
+
+
+def _plan(steps):
+    return steps[0] if len(steps) == 1 else ", ".join(steps[:-1]) + " and " + steps[-1]
+
+
+def _fit(sentences, subject, keep_last=False, need=3, most=5):
+    """(answer, thought, sentences) of the (sentence, plan step) pairs, cut to at most `most` sentences and
+    EXPLAIN_MAX_WORDS words by dropping from the end (before the last one with `keep_last`: the asked
+    example); None when fewer than `need` are left or they hold fewer than EXPLAIN_MIN_WORDS words.
+    The thought: "The user asks <subject>. I will <plan>."."""
+    out = list(sentences)
+    while len(out) > most or (len(out) > need and sum(len(s.split()) for s, _ in out) > EXPLAIN_MAX_WORDS):
+        out.pop(-2 if keep_last else -1)
+    if len(out) < need or not EXPLAIN_MIN_WORDS <= sum(len(s.split()) for s, _ in out) <= EXPLAIN_MAX_WORDS:
+        return None
+    return " ".join(s for s, _ in out), f"The user asks {subject}. I will {_plan([p for _, p in out])}.", len(out)
+
+
+def explain_noun(f, form):
+    """An explained answer about a noun: (answer, thought, sentences) or None when its facts make fewer
+    than three sentences (or the asked example is missing). `f`: a noun's template fields (_noun_fmt)
+    with "np" and "h" as the short answers state them, "kinds" and "parts" (WordNet's hyponyms and part
+    meronyms), "sibs" (other kinds of its kind, said only when the answer has room), "ex" (WordNet's
+    example sentence, as the short definition quotes it) and "eg" ((a kind, its definition as a noun
+    phrase): the example when WordNet has no sentence). `form`: "what", "example" (the example is
+    asked: kept whatever else is dropped) or "word" (the word's meaning is asked)."""
+    first = 'The word "{w}" means {np}.' if form == "word" else "{A} {w} is {np}."
+    out = [(first.format(**f), "define it"),
+           (("{A} {w} is a kind of {h}." if form == "word" else "It is a kind of {h}.").format(**f),
+            "give its kind")]
+    if len(f["kinds"]) >= 2:
+        out.append((f"Kinds of {f['w']} include {E._list(f['kinds'])}.", "name kinds"))
+    if len(f["parts"]) >= 2:
+        out.append((f"Parts of {f['A'].lower()} {f['w']} include {E._list(f['parts'])}.", "name parts"))
+    if len(f.get("sibs", ())) >= 2:   # dropped first when the answer runs long
+        out.append((f"Other kinds of {f['h']} include {E._list(f['sibs'])}.", "name related kinds"))
+    if f.get("ex"):
+        out.append((f'For example: "{f["ex"]}".', "give an example"))
+    elif f.get("eg"):
+        k, k_np = f["eg"]
+        out.append((f"For example, {_article(k)} {k} is {k_np}.", "give an example"))
+    elif form == "example":
+        return None
+    asks = {"what": "what {a} {w} is", "example": "what {a} {w} is and wants an example",
+            "word": 'what the word "{w}" means'}[form].format(a=f["A"].lower(), w=f["w"])
+    return _fit(out, asks, keep_last=out[-1][1] == "give an example")
+
+
+def _an(phrase):
+    """The article of a phrase, "a" before the "you" sound of United, Ukrainian, European, ... (corpus._article
+    reads only the first letter: v2 wrote "an United States physicist")."""
+    return "a" if re.match(r"(?i)(u(ni|k|r|g|s|t)|eu|one\b)", phrase) else _article(phrase)
+
+
+def explain_person(p):
+    """An explained answer about a person, every sentence naming them as the question does (the drills'
+    rule: the asked subject first): (answer, thought, sentences) or None. `p`: "asked" (the name the
+    question uses), "names" (WordNet's names of the person, fullest first), "desc" (the gloss without
+    its parentheses), "years" ((born, died) or (born,)), "born_in" (a place or None), "known_as" (the
+    instance's classes)."""
+    n, verb = p["asked"], "was" if len(p["years"]) == 2 else "is"
+    desc = p["desc"] if re.match(r"(a|an|the|one) ", p["desc"]) else f"{_an(p['desc'])} {p['desc']}"
+    place = f" in {p['born_in']}" if p["born_in"] else ""
+    out = [(f"{n} {verb} {desc}.", "say who they are" if verb == "is" else "say who they were"),
+           (f"{n} lived from {p['years'][0]} to {p['years'][1]}." if len(p["years"]) == 2
+            else f"{n} was born{place} in {p['years'][0]}.", "give the years")]
+    if p["known_as"]:
+        out.append((f"{n} is known as {E._list([f'{_an(k)} {k}' for k in p['known_as']])}.", "name the field"))
+    if place and len(p["years"]) == 2:
+        out.append((f"{n} was born{place}.", "give the birthplace"))
+    others = [x for x in p["names"] if x != n][:2]
+    if others:
+        out.append((f"{n} is also called {E._list(others)}.", "give other names"))
+    return _fit(out, f"who {n} {verb}")
+
+
+def explain_adjective(f):
+    """An explained answer about an adjective: (answer, thought, sentences) or None. `f`: "w", "gloss", "ex"
+    (an example holding the word), "opp" (its first antonym, as the short opposites state it), "sim"
+    (other words of its first sense)."""
+    w = f["w"]
+    out = [(f'The word "{w}" means {f["gloss"]}.', "define it"), ("It is an adjective.", "say it is an adjective")]
+    if f["ex"]:
+        out.append((f'For example: "{f["ex"]}".', "give an example"))
+    if f["opp"]:
+        out.append((f'The opposite of "{w}" is "{f["opp"]}".', "give its opposite"))
+    if f["sim"]:
+        out.append((f"Words with a similar meaning are {E._list(f['sim'])}." if len(f["sim"]) > 1
+                    else f'A word with a similar meaning is "{f["sim"][0]}".', "name similar words"))
+    return _fit(out, f'what the word "{w}" means')
+
+
+def explain_noun_facts(wn, skip, freq_min=1):
+    """explain_noun's facts of the nouns of _noun_facts that have a kind (its first hypernym), skipped
+    subjects left out, and none of the kinds, parts or example kinds a skipped word. `wn`: an
+    everyday.WordNet (its `related` reads the hyponyms and parts as v2's concept answers did)."""
+    out = []
+    for w, art, hyper, np_, _, ex, f in _noun_facts(wn.syn, wn.idx):
+        if not hyper or f < freq_min or skip(w):
+            continue
+        s = wn.syn[wn.idx[(w.replace(" ", "_"), "n")]["synsets"][0]]
+        kinds = [k for k in wn.related(s, "~", 6) if k.lower() != w and not skip(k.lower())][:3]
+        parts = [k for k in wn.related(s, "%p", 3) if not skip(k.lower())]
+        eg = None
+        for p in s["ptrs"]:   # a kind whose definition is short, to give as the example
+            k = wn.first_word((p[1], "n")) if p[0] == "~" else None
+            if k and re.fullmatch(r"[a-z][a-z -]+", k) and k != w and not skip(k):
+                k_np = _gloss_np(wn.syn[(p[1], "n")]["def"])[1]
+                if k_np and 3 <= len(k_np.split()) <= 16:
+                    eg = (k, k_np.rstrip("."))
+                    break
+        h = next((p[1], "n") for p in s["ptrs"] if p[0] == "@")   # the kind's synset, as _noun_facts reads it
+        sibs = [k for k in wn.related(wn.syn[h], "~", 6) if k.lower() != w and not skip(k.lower())
+                and k not in kinds][:3]
+        out.append({**_noun_fmt(w, art), "h": hyper, "ha": _article(hyper), "np": np_.rstrip("."), "kinds": kinds,
+                    "parts": parts, "sibs": sibs, "ex": ex, "eg": eg, "freq": f})
+    return out
+
+
+def _person_classes(syn, root=("00007846", "n")):
+    """Every synset under person (WordNet's hyponym tree): an instance of one of them is a person."""
+    seen, todo = {root}, [root]
+    while todo:
+        for p in syn[todo.pop()]["ptrs"]:
+            k = (p[1], "n")
+            if p[0] == "~" and k not in seen and k in syn:
+                seen.add(k)
+                todo.append(k)
+    return seen
+
+
+def explain_person_facts(wn, skip):
+    """explain_person's facts of WordNet's people with dates ("(1564-1642)", "(born in 1943)"), whose
+    names hold no skipped word: the names everyday._person_name takes first (the fullest)."""
+    classes = _person_classes(wn.syn)
+    out = []
+    for key, s in sorted(wn.syn.items()):
+        inst = [(p[1], "n") for p in s["ptrs"] if p[0] == "@i"]
+        if key[1] != "n" or not inst or not any(k in classes for k in inst):
+            continue
+        name = E._person_name(s["words"])
+        d = E._gloss(s["def"])
+        lived = re.search(r"\((\d{3,4})-(\d{3,4})\)", d) or re.search(r"\(born in (\d{4})\)", d)
+        names = [_w(x) for x in s["words"]]
+        if not name or not lived or any(skip(t) for x in names for t in re.findall(r"[a-z]+", x.lower())):
+            continue
+        born = re.search(r"\(born in ([A-Z][^)0-9]*)\)", d)
+        desc = re.sub(r"\s+", " ", re.sub(r"\s*\([^)]*\)", "", d)).strip().rstrip(".")
+        if not 2 <= len(desc.split()) <= 30:
+            continue
+        known = [k for k in (wn.first_word(k) for k in inst) if k and re.fullmatch(r"[a-z][a-z -]+", k)][:3]
+        names = [name] + [x for x in names if x != name and re.fullmatch(r"[A-Z][A-Za-z.' -]+", x)]
+        out.append({"names": names, "desc": desc, "years": lived.groups(), "born_in": born.group(1) if born else None,
+                    "known_as": known})
+    return out
+
+
+def explain_adjective_facts(wn, skip, freq_min=3):
+    """explain_adjective's facts of the adjectives running text uses (WordNet's tagged counts), first sense."""
+    freq = H.frequency()
+    out = []
+    for (lemma, t), info in sorted(wn.idx.items()):
+        if t != "a" or freq.get((lemma, t), 0) < freq_min or not re.fullmatch(r"[a-z]{3,15}", lemma) or skip(lemma):
+            continue
+        s = wn.syn[info["synsets"][0]]
+        gloss = E._gloss(s["def"])
+        if not 2 <= len(gloss.split()) <= 20:
+            continue
+        ants = [a for a in H._antonyms(wn.syn, info, lemma) if not skip(a)]
+        sim = [x for x in (_w(x) for x in s["words"])
+               if x != lemma and re.fullmatch(r"[a-z][a-z -]+", x) and not skip(x)]
+        ex = next((e for e in s["ex"] if re.search(rf"\b{lemma}\b", e)), None)
+        out.append({"w": lemma, "gloss": gloss, "ex": ex, "opp": ants[0] if ants else None, "sim": sim[:3]})
+    return out
+
+
+def explained_answers(rng, nouns, persons, adjectives, held, exclude, common_freq=20):
+    """Exchanges {"kind": "v3_explain", "word" / "subject", "about", "messages": [q, a], "thought",
+    "sentences"}: every noun once (twice, in two forms, when running text uses it `common_freq` times or
+    more), every person and adjective once. A question naming a held-out subject of any category (`held`, as the drills) or
+    refused by `exclude` is dropped; the held-out subjects' facts stay statements in the notes."""
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b") \
+        if held else re.compile(r"(?!x)x")
+    out = []
+
+    def add(q, made, **item):
+        if made is None or held_re.search(q.lower()):
+            return
+        d = {"kind": "v3_explain", **item, "messages": [q, made[0]], "thought": made[1], "sentences": made[2]}
+        if not exclude(d):
+            out.append(d)
+
+    plain = template_words()   # a subject made of the questions' own words ("a give", "the like") reads as none
+    for f in nouns:
+        if set(f["w"].split()) & plain:
+            continue
+        pool = ["what", "word", "example", "example"] if f.get("ex") or f.get("eg") else ["what", "word"]
+        forms = list(dict.fromkeys(rng.sample(pool, len(pool))))   # each once; the example first in half the draws
+        for form in forms[:2 if f["freq"] >= common_freq else 1]:
+            q = rng.choice(EXPLAIN_Q[form]).format(a=f["A"].lower(), w=f["w"])
+            add(q, explain_noun(f, form), word=f["w"], about="noun")
+    for p in persons:
+        n = rng.choice(p["names"])
+        q = rng.choice(PERSON_Q["was" if len(p["years"]) == 2 else "is"]).format(n=n)
+        add(q, explain_person({**p, "asked": n}), subject=n, about="person")
+    for f in adjectives:
+        if not set(f["w"].split()) & plain:
+            add(rng.choice(ADJ_Q).format(w=f["w"]), explain_adjective(f), word=f["w"], about="adjective")
+    return out
+
+
+# v3f's tool names to copy were made-up syllables with a common part (copy_name) or one of ~700 words with
+# one (word_name): the model learnt to WRITE names of that shape instead of copying the offered one
+# (offered "wordbook" it wrote "book_date", "dict_api" -> "vid_api", "glossary_service" -> "lodary_service").
+# v3g's names come from a pool of thousands of real-looking names made of real English words, each used
+# about once, in every shape the tool evaluation's names have (a word, word_part, wordPart, verb_noun, a
+# closed compound, a short phrase, an abbreviation with a part): no shape or word predicts the name, so
+# only the system turn does. None is an evaluation name or holds one of their stems (copy_stems).
+REAL_PARTS = NAME_PARTS + ["search", "index", "guide", "reader", "base", "kit", "store", "center", "engine",
+                           "client", "bot", "source", "check", "data", "list", "pro", "plus", "now"]
+
+
+def _components(name):
+    """A name's words: split at underscores and camelCase humps, lower case."""
+    return [c.lower() for c in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
+
+
+def copy_stems(names, parts=REAL_PARTS) -> set:
+    """The stems the evaluation's names use (their words that are not a common part): "dict_api" -> dict,
+    "wordbook" -> wordbook, "look_it_up" -> look, it, up."""
+    return {c for n in names for c in _components(n)} - set(parts)
+
+
+def clashes(name, names, stems) -> bool:
+    """Whether a tool name is one of `names` (case and underscores aside), has one of `stems` as a word,
+    or holds a stem of four letters or more anywhere ("swordfish" holds "word")."""
+    flat = re.sub(r"[^a-z0-9]", "", name.lower())
+    return flat in {re.sub(r"[^a-z0-9]", "", n.lower()) for n in names} or bool(set(_components(name)) & stems) \
+        or any(s in flat for s in stems if len(s) >= 4)
+
+
+def tool_name_words(skip, freq_min=1):
+    """(words, phrases) for tool names: WordNet's single-word lemmas of 3-10 letters that running text uses,
+    and its two- and three-word lemmas ("give_way"), none holding a skipped word."""
+    freq = H.frequency()
+    words, phrases = set(), set()
+    for (lemma, t), f in freq.items():
+        if f < freq_min or any(skip(x) for x in lemma.split("_")):
+            continue
+        if re.fullmatch(r"[a-z]{3,10}", lemma):
+            words.add(lemma)
+        elif re.fullmatch(r"[a-z]{2,10}(_[a-z]{2,10}){1,2}", lemma):
+            phrases.add(lemma)
+    return sorted(words), sorted(phrases)
+
+
+def _real_name(rng, words, phrases):
+    """One name in one of the shapes of the evaluation's names, by share: a word (15 %), word_part (25 %),
+    part_word (7 %), wordPart (10 %), word_word (15 %), wordWord (8 %), a closed compound (6 %), a
+    phrase (7 %), an abbreviation with a part (7 %)."""
+    w, v, part = rng.choice(words), rng.choice(words), rng.choice(REAL_PARTS)
+    r = rng.random()
+    for upto, name in ((0.15, lambda: w), (0.40, lambda: f"{w}_{part}"), (0.47, lambda: f"{part}_{w}"),
+                       (0.57, lambda: f"{w}{part.capitalize()}"), (0.72, lambda: f"{v}_{w}"),
+                       (0.80, lambda: f"{v}{w.capitalize()}"), (0.86, lambda: f"{v}{w}"),
+                       (0.93, lambda: rng.choice(phrases) if phrases else f"{v}_{w}")):
+        if r < upto:
+            return name()
+    return f"{w[:rng.randint(3, 4)]}_{part}"
+
+
+def real_names(rng, words, phrases, n, bad=lambda name: False) -> list:
+    """`n` distinct tool names of real words (_real_name), none that `bad` refuses (ValueError when the
+    words make too few)."""
+    out, seen, tries = [], set(), 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * n:
+            raise ValueError(f"{len(words)} words and {len(phrases)} phrases make fewer than {n} names")
+        name = _real_name(rng, words, phrases)
+        if name not in seen and not bad(name):
+            seen.add(name)
+            out.append(name)
     return out

@@ -6,6 +6,7 @@ carried folder that gpu_v3.sh reads.
     python scripts/demo_model/prepare_v3.py --init artifacts/demo/v3/V3.q8.safetensors   # v3b: resume from V3
     python scripts/demo_model/prepare_v3.py --variant v3d         # v3d: the focused notes -> artifacts/demo/v3d
     python scripts/demo_model/prepare_v3.py --variant v3e         # v3e: + binding drills, tools back -> artifacts/demo/v3e
+    python scripts/demo_model/prepare_v3.py --variant v3g         # v3g: v3f + explained answers, real-word tool names
 
   corpus   conversations_v3.build -> artifacts/demo/v3/corpus (seed 35; ~2 min on 2 cores)
   data     the corpus tokenised with models/demo's tokenizer (v2's 8,192 ids, its chat template: the
@@ -34,7 +35,7 @@ WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
 # each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
 WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d", "v3e": REPO / "artifacts" / "demo" / "v3e",
-         "v3f": REPO / "artifacts" / "demo" / "v3f"}
+         "v3f": REPO / "artifacts" / "demo" / "v3f", "v3g": REPO / "artifacts" / "demo" / "v3g"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -72,7 +73,8 @@ def main():
                     help="v3c: V3's corpus with notes of ~15k facts (artifacts/demo/v3); v3d: the focused notes "
                          "(artifacts/demo/v3d, carried as artifacts/demo/v3d/carry); v3e: v3d's notes (fewer statements), "
                          "binding and copying drills, the tool conversations back (artifacts/demo/v3e); v3f: v3e with more tool "
-                         "conversations whose thoughts list the offered tools (artifacts/demo/v3f)")
+                         "conversations whose thoughts list the offered tools (artifacts/demo/v3f); v3g: v3f with explained "
+                         "answers of 3-5 sentences and tool names of real words to copy (artifacts/demo/v3g)")
     a = ap.parse_args()
     if a.variant != "v3c":  # the variant's own folders unless named
         a.work = str(WORKS[a.variant]) if a.work == str(WORK) else a.work
