@@ -56,17 +56,23 @@ def restored(ad, pc: PrefixCache, ids):
     return cache, draft, snap.hidden
 
 
+def step_fns(ad, cache, draft, hidden, ids, widths) -> dict:
+    """What a cycle is made of, each a call to evaluate: {width: a forward of that many positions
+    plus the commit of one (a verify), "mtp": the head's draft step with its greedy draw}."""
+    t = mx.array([ids[-1:]], dtype=mx.int32)
+    toks = mx.array([ids[-8:]], dtype=mx.int32)
+    fns = {w: lambda w=w: forward_and_commit(ad, cache, toks, w) for w in widths}
+    fns["mtp"] = lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]
+    return fns
+
+
 def step_costs(ad, cache, draft, hidden, ids, widths=(1, 2, 3, 4, 5), repeats: int = 11) -> dict:
     """Synchronised forwards of each width (plus the commit of one position: a verify) and the MTP
     head's draft step with its greedy draw, all taking turns within each round, so that each round's
     costs share the machine's speed of that moment (a GPU host drifts 10-30 % in minutes): per width
     the median seconds, and each cost in AR steps as the median of the rounds' own ratios. The first
     two rounds are left out."""
-    t = mx.array([ids[-1:]], dtype=mx.int32)
-    toks = mx.array([ids[-8:]], dtype=mx.int32)
-    fns = {w: lambda w=w: forward_and_commit(ad, cache, toks, w) for w in widths}
-    fns["mtp"] = lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]
-    kept = rounds(fns, repeats)
+    kept = rounds(step_fns(ad, cache, draft, hidden, ids, widths), repeats)
     ratio = lambda k: statistics.median(a / b for a, b in zip(kept[k], kept[widths[0]]))  # noqa: E731
     return {"seconds": {k: statistics.median(r) for k, r in kept.items()},
             "in_ar_steps": {k: ratio(k) for k in kept}}

@@ -39,18 +39,16 @@ from adapters import load_adapter  # noqa: E402
 from core import PrefixCache, Prompt  # noqa: E402
 from core.chat import padded_chat_prompt  # noqa: E402
 from core.stream import cache_prompt  # noqa: E402
-from scripts.gpu.gpu_exact import forward_and_commit  # noqa: E402
-from scripts.gpu.gpu_long import restored  # noqa: E402
+from scripts.gpu.gpu_long import restored, step_fns  # noqa: E402
 
 PAUSE_S = 0.003    # between calls: the GPU idle, so one call's kernels never run inside the next
 
 
 def parts(ad, cache, draft, hidden, ids) -> dict:
+    """gpu_long.py's timed parts (an AR step, a verify of 3, the MTP step), then the head's step in two."""
+    fns = step_fns(ad, cache, draft, hidden, ids, (1, 3))
     t = mx.array([ids[-1:]], dtype=mx.int32)
-    toks = mx.array([ids[-8:]], dtype=mx.int32)
-    return {"ar_step": lambda: forward_and_commit(ad, cache, toks, 1),
-            "verify_3": lambda: forward_and_commit(ad, cache, toks, 3),
-            "mtp_step": lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)],
+    return {"ar_step": fns[1], "verify_3": fns[3], "mtp_step": fns["mtp"],
             "head_layer": lambda: [ad.mtp_forward(hidden, t, draft)],
             "lm_head": lambda: [ad.lm_head(hidden[:, -1:])]}
 
