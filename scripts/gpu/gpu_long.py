@@ -9,6 +9,8 @@ a prefix cache (its time: prefill tok/s). Then, on a copy of that state:
   the MTP head's draft step with a greedy draw (in AR steps), all taking turns in each of 11 rounds;
   each in AR steps is the median of the rounds' own ratios (since 2026-12-04: the MTP step timed
   apart from the widths moved 0.127-0.184 between runs);
+- three draft steps built one after another and evaluated once, as a cycle drafts: what each step
+  after the first adds (in AR steps), the per-evaluation costs counted once;
 - the cost model's projection of MTP/AR at the Qwythos acceptance (0.93 / 0.90 / 0.85 per
   depth) at depths 1-3 from those parts, and its ratio to the shortest context's;
 - 64 greedy tokens of AR and of MTP (depth 2) restored from the prefix cache: tok/s and peak
@@ -63,7 +65,19 @@ def step_fns(ad, cache, draft, hidden, ids, widths) -> dict:
     toks = mx.array([ids[-8:]], dtype=mx.int32)
     fns = {w: lambda w=w: forward_and_commit(ad, cache, toks, w) for w in widths}
     fns["mtp"] = lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]
+    fns["mtp3"] = lambda: chained_drafts(ad, draft, cache, hidden, t, 3)
     return fns
+
+
+def chained_drafts(ad, draft, cache, hidden, t, n: int) -> list:
+    """n greedy draft steps built one after another and evaluated once, as a cycle drafts (each
+    step's g and argmax feed the next; the lane waits for none of them before the verify)."""
+    out = []
+    for _ in range(n):
+        hidden, logits = ad.draft_step(draft, cache, hidden, t)
+        t = mx.argmax(logits, axis=-1)[None]
+        out.append(t)
+    return out
 
 
 def step_costs(ad, cache, draft, hidden, ids, widths=(1, 2, 3, 4, 5), repeats: int = 11) -> dict:
@@ -102,16 +116,19 @@ def one_context(ad, context: int, tokens: int) -> dict:
     step = measured["seconds"][1]
     costs = {w: measured["in_ar_steps"][w] for w in (1, 2, 3, 4, 5)}
     mtp = measured["in_ar_steps"]["mtp"]
+    # What one more draft adds inside a cycle's one evaluation: the per-evaluation costs (the graph's
+    # launch, the wait, the return to Python) counted once, as the lane pays them.
+    chained = (measured["in_ar_steps"]["mtp3"] - mtp) / 2
     projection = {d: expected_tokens(QWYTHOS_ACCEPTANCE, d) / (costs[d + 1] + d * mtp) for d in (1, 2, 3)}
     ar_ids, ar = decode(ad, pc, ids, "ar", tokens)
     mtp_ids, md = decode(ad, pc, ids, "mtp", tokens)
     row = {"context": len(ids), "prefill_s": prefill_s, "prefill_tok_s": (len(ids) - 1) / prefill_s,
            "ar_step_ms": step * 1e3, "verify_in_ar_steps": {str(w): c for w, c in costs.items()},
-           "mtp_step_in_ar_steps": mtp, "projected_mtp_vs_ar": {str(d): p for d, p in projection.items()},
+           "mtp_step_in_ar_steps": mtp, "mtp_chained_step_in_ar_steps": chained, "projected_mtp_vs_ar": {str(d): p for d, p in projection.items()},
            "ar": ar, "mtp_d2": md, "mtp_peak_over_ar": md["peak_gib"] / ar["peak_gib"],
            "greedy_mtp_equals_ar": ar_ids == mtp_ids}
     log(f"context {len(ids)}: prefill {row['prefill_tok_s']:.0f} tok/s; step {step * 1e3:.2f} ms, verify "
-        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.2f}; projected "
+        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.2f} ({chained:.2f} chained); projected "
         + "/".join(f"{projection[d]:.2f}x" for d in (1, 2, 3)) + f"; peak AR {ar['peak_gib']:.2f} GiB, "
         f"MTP {md['peak_gib']:.2f} GiB; MTP == AR {row['greedy_mtp_equals_ar']}")
     return row
