@@ -17,9 +17,9 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-draw")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-support")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
-GPU_TRIALS_ADOPTED = ("two-tiles", "topk-kernel")
+GPU_TRIALS_ADOPTED = ("two-tiles", "topk-kernel", "topk-draw")
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTP_CHAT_", env_file=".env", extra="ignore")
@@ -90,15 +90,16 @@ class Settings(BaseSettings):
     # sequences is handed every 8 layers by default, since section 16), "batch-verify-wait" (that
     # default off, to pair it), "batch-submit" (a plain step of several sequences, AR at B > 1,
     # handed every 8 layers), "topk-mlx" (the sampler's top-k supports through MLX's ops instead of
-    # the default CUDA kernel, to pair them), "topk-draw" (the kernel also draws the token, by inverse
-    # CDF from one uniform a row, instead of categorical's ~8 launches after it; not yet measured on
-    # a GPU). Each keeps every row's bits (checked at load), so it
+    # the default CUDA kernel, to pair them), "topk-support" (the kernel's support with categorical's
+    # draw after it, ~8 launches, where by default the kernel also draws the token by inverse CDF from
+    # one uniform a row; to pair them). Each keeps every row's bits (checked at load), so it
     # only moves speed; the top-k kernel keeps the sampler's distribution (its supports checked at
     # load against MLX's ops) but orders the kept columns its own way, so a given seed draws other
     # tokens with "topk-mlx" than without. ("two-tiles", 9-16 rows in one matmul launch, is the
     # default since it was paired on the H200: 1.29x MTP's aggregate at 4 requests, section 10 of
     # docs/bench/2026-12-03/GPU.md; "topk-kernel" since section 19 of docs/bench/2026-12-04/GPU.md:
-    # sampled lanes at the 9B shape AR 1.09x / 1.04x, MTP 1.09x / 1.12x in two pairs.)
+    # sampled lanes at the 9B shape AR 1.09x / 1.04x, MTP 1.09x / 1.12x in two pairs; "topk-draw"
+    # since section 20: AR 1.00x / 1.06x, MTP 1.01x / 1.03x, the chi-square held.)
     gpu_trials: str = ""
     # Continuous batching (webapp/serving/batching.py, core/batch.py): requests decode together, each
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows

@@ -352,7 +352,7 @@ def test_gpu_trials_are_off_by_default_and_turned_on_by_name(monkeypatch):
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (False, "9-16 rows in one launch differ"))
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
     assert not gk.TWO_TILES["on"] and "batches' matmuls go 8 rows a launch (9-16 rows in one launch differ)" in b.note
-    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-mlx, topk-draw"):
+    with pytest.raises(ValueError, match="'tiles' unknown; a comma list of submit, swiglu, verify-submit, batch-verify-wait, batch-submit, topk-mlx, topk-support"):
         Settings(gpu_trials="swiglu,tiles")
 
 
@@ -385,8 +385,9 @@ def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, mo
     """core.sampling.use_row_topk: a backend's top-k support serves both lanes' sampled draws and
     verifies where it takes the rows (a stand-in returning MLX's own support: the tokens stay
     those of MLX's path), never a grammar-masked row; a CUDA load sets the kernel where its check
-    passed and says why not where it failed ("topk-kernel", adopted, changes nothing); the
-    "topk-mlx" trial sets none."""
+    passed (the hook that also draws) and says why not where it failed ("topk-kernel" and
+    "topk-draw", adopted, change nothing); "topk-support" sets the hook that leaves the draw to
+    categorical, "topk-mlx" none."""
     from adapters.kernels import cuda_topk
     from adapters.options import LoadOptions
     from core import sampling
@@ -421,13 +422,14 @@ def test_sampled_supports_go_through_the_backends_topk_kernel(tiny_model_dir, mo
         return LoadOptions.from_settings(Settings(gpu_trials=names)).gpu_trials
     for verdict in (None, "the top-k support kernel keeps other columns than the reference"):
         monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False, v=verdict: v)
-        for names in ("", "topk-kernel"):
+        for names in ("", "topk-kernel", "topk-draw", "topk-kernel,topk-draw"):
             b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials(names))
-            assert sampling._row_topk is (cuda_topk.row_topk_support if verdict is None else None)
+            assert sampling._row_topk is (cuda_topk.row_topk_drawing if verdict is None else None)
             assert (f"sampled supports through MLX's ops ({verdict})" in b.note) == (verdict is not None)
-    monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: None)
-    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-draw"))
-    assert sampling._row_topk is cuda_topk.row_topk_drawing
+    asked = []
+    monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: asked.append(draw))
+    backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-support"))
+    assert sampling._row_topk is cuda_topk.row_topk_support and asked == [False]   # its check skips the draw
     b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True, trials=trials("topk-mlx"))
     assert sampling._row_topk is None and "trials on: topk-mlx" in b.note
     backends.choose("native", [nn.RoPE(8)], device=mx.cpu, cuda=False)

@@ -171,7 +171,7 @@ def test_without_a_hook_the_draw_is_categoricals(monkeypatch):
 
 
 def test_the_drawing_hook_carries_the_draw_and_the_plain_one_does_not():
-    """The default CUDA hook leaves the draw to categorical; the "topk-draw" trial's also draws."""
+    """The default CUDA hook also draws; the "topk-support" trial's leaves the draw to categorical."""
     assert cuda_topk.row_topk_drawing.draw is cuda_topk.row_topk_draw
     assert not hasattr(cuda_topk.row_topk_support, "draw")
     assert cuda_topk.row_topk_support.supports is cuda_topk.supported is cuda_topk.row_topk_drawing.supports

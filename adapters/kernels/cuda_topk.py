@@ -257,8 +257,9 @@ def row_topk_draw(x: mx.array, u: mx.array, temperature: float, top_k: int, top_
 
 
 def row_topk_drawing(x: mx.array, temperature: float, top_k: int, top_p: float, min_p: float):
-    """row_topk_support as a hook that also draws (`.draw`: SamplerConfig.draw's fused path), the
-    "topk-draw" trial's until it is measured to pay on a GPU."""
+    """row_topk_support as a hook that also draws (`.draw`: SamplerConfig.draw's fused path): the
+    default on CUDA since it was paired on the H200 (docs/bench/2026-12-04/GPU.md section 20; the
+    "topk-support" trial keeps row_topk_support, categorical drawing after it)."""
     return row_topk_support(x, temperature, top_k, top_p, min_p)
 
 

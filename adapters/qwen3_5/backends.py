@@ -119,7 +119,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
     on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
-    batch-verify-wait, batch-submit, topk-mlx, topk-draw)."""
+    batch-verify-wait, batch-submit, topk-mlx, topk-support)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     sampling.use_row_topk(None)   # MLX's ops unless the CUDA kernel below passes its check
@@ -151,9 +151,10 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
                 few.submit_batch_verify_every = 0
             few.submit_batch_step_every = 8 if "batch-submit" in trials else 0
             if "topk-mlx" not in trials and kb == "cuda":
-                why_topk = kernels.topk_verdict("topk-draw" in trials)
+                drawing = "topk-support" not in trials
+                why_topk = kernels.topk_verdict(drawing)
                 if why_topk is None:
-                    sampling.use_row_topk(kernels.cuda_topk.row_topk_drawing if "topk-draw" in trials
+                    sampling.use_row_topk(kernels.cuda_topk.row_topk_drawing if drawing
                                           else kernels.cuda_topk.row_topk_support)
                 else:
                     said += f"; sampled supports through MLX's ops ({why_topk})"

@@ -78,7 +78,7 @@ def main() -> int:
             "max (fp32)": lambda: mx.max(xf, axis=-1),
         }
         if why is None:   # the "topk-kernel" trial's path: the same calls with the kernel set
-            def with_kernel(fn, hook=cuda_topk.row_topk_support):   # (row_topk_drawing: the "topk-draw" trial)
+            def with_kernel(fn, hook=cuda_topk.row_topk_support):   # (row_topk_drawing: the default since GPU.md section 20)
                 def run():
                     sampling.use_row_topk(hook)
                     try:
