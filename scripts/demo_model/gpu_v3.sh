@@ -65,12 +65,14 @@ train)
   # which kept the model following the question; 1.5 collapsed it), batch 16 windows of 4,096
   # (v2's F1 batch: twice E1's throughput on the reference kernels, which are launch-bound)
   # What both phases share: the losses, the shape, the batch; each phase adds its own arguments
-  # (later ones win, so EXTRA / EXTRA2 override any of these).
+  # (later ones win, so EXTRA / EXTRA2 override any of these). The reference Gated-DeltaNet scans
+  # chunks of GDN_CHUNK positions (256: a third of 64's launches, gradients 1e-6 apart; gdn_chunks.py).
   train() {
     local limit=$1; shift
     timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
       --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} "$@"
+      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} \
+      --gdn-chunk ${GDN_CHUNK:-256} "$@"
   }
   # EXTRA2 (optional): a second phase resumed from the first, with these arguments, over the last
   # SECS2 seconds (v3b: 1,024-token windows first for more optimizer steps, then 4,096 so the long

@@ -234,6 +234,8 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=0, help="split each batch (gradient accumulation; 0 = no)")
     ap.add_argument("--profile-step", type=int, default=0, help="profile this training step and log its kernels (0 = no)")
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--gdn-chunk", type=int, default=64,
+                    help="positions a chunk of the reference Gated-DeltaNet scan (fewer, longer chunks: fewer launches)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=100)
@@ -270,7 +272,7 @@ def main():
     n_par = sum(p.numel() for p in model.parameters())
     P = run_logger(out, a.name)
     P("params", n_par, "device", dev, vars(a))
-    kernels = fast_kernels(model, dev, P)
+    kernels = fast_kernels(model, dev, P, a.gdn_chunk)
     rng = np.random.default_rng(a.seed)
     params = list(model.parameters())
     opt = make_optimizer(params, a, dev)
@@ -308,7 +310,8 @@ def main():
         if step % 50 == 0 or step == 1:
             P(f"step {step} ep {epoch} t={el:.0f}s tok={seen / 1e6:.1f}M tok/s={seen / max(el, 1e-9):.0f} lr={lr:.2e} "
               f"accept_w={aw:.2f} " + " ".join(f"{k}={v.item():.3f}" for k, v in L.items()))
-    P(f"trained {step} steps, {seen / 1e6:.1f}M tokens in {time.time() - t0:.0f}s ({kernels} kernels)")
+    peak = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if dev.type == "cuda" else ""
+    P(f"trained {step} steps, {seen / 1e6:.1f}M tokens in {time.time() - t0:.0f}s ({kernels} kernels{peak})")
     model.eval()
     files = save_state(model, str(out / a.name))
     P("saved", files)
