@@ -8,7 +8,7 @@
 #               the outputs, e.g. v3e-more for a RESUME_DIR call: artifacts/demo/<variant>/<name>/
 #               {V3.q8.safetensors, runs/, model/} and docs/bench/<today>/demo-<name>-*.json
 #   CONFIG=scripts/demo_model/configs/v3.json   the trained shape (as gpu_v3.sh's CONFIG)
-#   PARTS="judge eval tools"                    which measures to run (all three by default)
+#   PARTS="judge eval tools held"               which measures to run (all four by default)
 #
 # export.py and verify.py need PyTorch, which the project does not depend on: it is installed into
 # .venv for them (from /opt/wheels when a CPU wheel is there, else PyPI's CPU index) and removed after.
@@ -18,7 +18,7 @@ FILES=${1:?the files_at folder of the training call}
 V=${2:?the variant, e.g. v3e}
 NAME=${3:-$V}
 CONFIG=${CONFIG:-scripts/demo_model/configs/v3.json}
-PARTS=${PARTS:-judge eval tools}
+PARTS=${PARTS:-judge eval tools held}
 PY=.venv/bin/python
 A=artifacts/demo/$V
 D=$A/$NAME
@@ -59,7 +59,11 @@ for part in $PARTS; do
          $PY scripts/demo_model/evaluate.py "$D/model" --depth 1 --json "$B/demo-$NAME-eval.json" | tail -n 8 ;;
   tools) $PY scripts/demo_model/eval_v3.py "$D/model" --tools-eval "$A/corpus/tools_eval.jsonl" \
            --json "$B/demo-$NAME-eval-v3.json" | tail -n 8 ;;
-  *) echo "unknown part $part (judge, eval, tools)" >&2; exit 2 ;;
+  # the tool calls as the API serves them (tool_choice auto holds a call the model opens to the
+  # offered tools' names and arguments): what a client sees
+  held)  $PY scripts/demo_model/eval_v3.py "$D/model" --parts tools --hold-calls --tools-eval "$A/corpus/tools_eval.jsonl" \
+           --json "$B/demo-$NAME-eval-v3-held.json" | tail -n 2 ;;
+  *) echo "unknown part $part (judge, eval, tools, held)" >&2; exit 2 ;;
   esac
 done
 say "done: $D/model; results in $B/demo-$NAME-*.json"
