@@ -34,3 +34,21 @@ def test_each_call_is_its_kernels_between_its_marks():
 
 def test_a_trace_without_kernels_says_so():
     assert "no kernels" in gpu_trace.summarise(gpu_trace.calls_in({"traceEvents": []}, runs=3))["error"]
+
+
+def test_a_calls_graph_is_counted_and_its_build_timed():
+    """graph_of: the primitives of what a call builds, by kind, and its build time; each run's
+    outputs evaluated (the next call starts from them, as in the trace)."""
+    import mlx.core as mx
+
+    from scripts.gpu.gpu_trace import graph_of
+
+    state = {"x": mx.ones((4, 4))}
+
+    def step():
+        state["x"] = mx.exp(state["x"] @ state["x"]) * 0.5
+        return [state["x"]]
+
+    g = graph_of(step, runs=3)
+    assert g["build_us"] > 0 and g["primitives"] == sum(g["primitive_kinds"].values()) >= 3
+    assert {"Matmul", "Exp", "Multiply"} <= set(g["primitive_kinds"])

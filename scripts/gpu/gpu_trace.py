@@ -16,7 +16,9 @@ each synchronised and followed by a pause (so that calls never overlap in the tr
   (the GPU waiting inside the call), lead: from the call's start to its first kernel (the host's
   build before the GPU gets anything), kernels: how many a call launches;
 - the kernels by total time (name, launches, us a call), and the CUDA API calls on the host
-  (graph launches and updates, synchronisations) by total time.
+  (graph launches and updates, synchronisations) by total time;
+- build: the host's Python build of the call's graph alone (us), and the primitives it holds by kind
+  (mx.export_to_dot): the lead minus the build is MLX's encoding and launching.
 Needs torch with CUDA beside MLX CUDA; without it, says so and writes nothing.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ from core import PrefixCache, Prompt  # noqa: E402
 from core.chat import padded_chat_prompt  # noqa: E402
 from core.stream import cache_prompt  # noqa: E402
 from scripts.gpu.gpu_long import restored, step_fns  # noqa: E402
+from scripts.gpu.gpu_profile import primitive_kinds  # noqa: E402
 
 PAUSE_S = 0.003    # between calls: the GPU idle, so one call's kernels never run inside the next
 
@@ -97,6 +100,25 @@ def summarise(calls: list) -> dict:
                                 for k, (c, d) in sorted(apis.items(), key=lambda kv: -kv[1][1])[:12]]}
 
 
+def graph_of(fn, runs: int) -> dict:
+    """The host's side of a call before MLX sees it: the Python build of its graph (us, median of
+    `runs`, nothing evaluated meanwhile) and the primitives it holds (mx.export_to_dot's, first run),
+    by kind: what MLX then encodes one by one."""
+    builds, kinds = [], None
+    for _ in range(runs):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        builds.append(time.perf_counter() - t0)
+        if kinds is None:
+            with tempfile.NamedTemporaryFile(suffix=".dot") as f:
+                mx.export_to_dot(f.name, *out)
+                kinds = primitive_kinds(Path(f.name).read_text())
+        mx.eval(*out)
+    return {"build_us": statistics.median(builds) * 1e6, "primitives": sum(kinds.values()),
+            "primitive_kinds": dict(kinds.most_common())}
+
+
 def trace_part(fn, runs: int, torch) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
     for _ in range(3):   # warm: compiled functions traced, kernels loaded
@@ -141,6 +163,8 @@ def main(argv=None) -> int:
     for name, fn in parts(ad, cache, draft, hidden, ids).items():
         try:
             report["parts"][name] = row = trace_part(fn, a.runs, torch)
+            row.update(graph_of(fn, a.runs))
+            row["median"].update(build_us=row["build_us"], primitives=row["primitives"])
         except Exception as exc:  # noqa: BLE001  one part failing must not hide the others
             report["parts"][name] = row = {"error": f"{type(exc).__name__}: {exc}"}
         m = row.get("median")
