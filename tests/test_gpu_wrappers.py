@@ -1148,3 +1148,22 @@ def test_a_compiled_layers_first_call_takes_its_value_from_the_compiled_function
     again = few._fn(("layer", "gdn"), make)(x)
     assert made == [1.0, 2.0]   # the eager function was built and called (its joins happen) ...
     assert bool(mx.array_equal(first, x)) and bool(mx.array_equal(again, x))   # ... the value is the compiled one
+
+
+def test_the_load_note_says_when_mlx_cuda_graphs_are_off(monkeypatch):
+    """MLX reads MLX_USE_CUDA_GRAPHS with C's atoi: unset or a non-zero number is on, anything else
+    off; a CUDA load says so when off (it moves the lanes' speed), and says nothing of it otherwise."""
+    for value, on in ((None, True), ("1", True), (" 2", True), ("0", False), ("false", False),
+                      ("", False), ("off", False), ("-1", True)):
+        assert backends.cuda_graphs_on({} if value is None else {"MLX_USE_CUDA_GRAPHS": value}) is on, value
+    monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
+    monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))
+    monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: None)
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert "CUDA graphs" not in b.note
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "0")
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True)
+    assert "MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS='0')" in b.note
+    b = backends.choose("native", [nn.RoPE(8)], device=mx.cpu, cuda=False)
+    assert "CUDA graphs" not in b.note

@@ -32,6 +32,8 @@ disagrees falls back to "mlx", saying so.
 """
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from functools import lru_cache
@@ -113,6 +115,18 @@ def _checked(backend: str, fused: Tuple[bool, bool]) -> Tuple[Optional[str], str
     return why, f"{backend} kernels {how} in {seconds:.1f} s{took}{where}"
 
 
+def cuda_graphs_on(env=os.environ) -> bool:
+    """Whether MLX CUDA records each evaluation as a CUDA graph: MLX reads MLX_USE_CUDA_GRAPHS once a
+    process with C's atoi (unset: on; "0", "false", "" or any text without a leading number: off).
+    Said in the load note when off, since it moves the lanes' speed (docs/bench/2026-12-04/GPU.md
+    section 20)."""
+    value = env.get("MLX_USE_CUDA_GRAPHS")
+    if value is None:
+        return True
+    m = re.match(r"\s*([+-]?\d+)", value)
+    return bool(m and int(m.group(1)))
+
+
 def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: bool = True,
            fused: Optional[bool] = None, device=None, cuda: Optional[bool] = None, log=None,
            trials: frozenset = frozenset()) -> Backend:
@@ -161,6 +175,8 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
             few.swiglu_mlp = "swiglu" in trials and kb == "cuda"
             if trials:
                 said += f"; trials on: {', '.join(sorted(trials))}"
+            if kb == "cuda" and not cuda_graphs_on():
+                said += f"; MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS={os.environ['MLX_USE_CUDA_GRAPHS']!r})"
             long = GpuPrefill() if kb == "cuda" else MlxOps()
             return Backend(f"{kb}-kernels", few, long, note=said if few.compiled_layers else said + "; layers not compiled")
         log(f"GPU kernels off ({kb}: {why}); using MLX's own path.")
