@@ -130,13 +130,14 @@ class SpeculativeDecoder(Lane):
                 b, ahead = ahead, None
             ad.end_cycle(draft, depth)   # the head forgets its own drafts (it relearns them from the verify)
             if self._ahead_fits(policy, c, depth, produced, max_tokens):
-                # The next cycle built while this verify runs, as if every draft passes (its inputs
-                # are all lazy then); a wrong guess puts the caches back (references and lengths).
+                # The next cycle's graph built while this verify runs, as if every draft passes (its
+                # inputs are all lazy then), and handed to the device only once that is known: a
+                # device running a wrong guess would hold up the right cycle. A wrong guess puts the
+                # caches back (references and lengths).
                 mx.async_eval(b.accepted, b.corrections, b.bonus, b.drafts, b.ok)
                 saved = ad.snapshot(cache, draft)
                 ahead = self._build(cache, draft, keys, c, free, b.vh, mx.concatenate([b.drafts, b.bonus]),
-                                    b.bonus.astype(mx.int32), depth, Waterfall(0))
-                mx.async_eval(ahead.drafts, ahead.accepted, ahead.corrections, ahead.bonus, ahead.ok)
+                                    b.bonus.astype(mx.int32), depth, Waterfall(0), start=False)
 
             # 3. Accept: the one host sync of the cycle.
             mx.eval(b.accepted, b.corrections, b.bonus, b.drafts, b.ok)
@@ -180,8 +181,10 @@ class SpeculativeDecoder(Lane):
         return (getattr(self.adapter, "ahead", False) and not policy.auto and c is None
                 and max_tokens - (produced + depth + 1) - 1 >= depth)
 
-    def _build(self, cache, draft, keys, c, free, feed_h, feed_t, pending: mx.array, depth: int, wf) -> "_Cycle":
-        """One cycle's graph, nothing waited for: the drafts, the verify, the acceptance."""
+    def _build(self, cache, draft, keys, c, free, feed_h, feed_t, pending: mx.array, depth: int, wf,
+               start: bool = True) -> "_Cycle":
+        """One cycle's graph, nothing waited for: the drafts (handed to the device unless `start`
+        is off), the verify, the acceptance."""
         ad, sampler = self.adapter, self.sampler
         # 1. Draft: the drafter catches up on the new positions, then runs recursively.
         drafts, qs, draft_logits = [], [], []
@@ -194,7 +197,8 @@ class SpeculativeDecoder(Lane):
             qs.append(q)
             masks.append(None if free else allowed_after(c, t))  # the next mask depends on this draft (a sync)
         drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
-        mx.async_eval(drafts)  # the head computes while the verify graph is built
+        if start:
+            mx.async_eval(drafts)  # the head computes while the verify graph is built
         wf.mark("draft", drafts, *([] if q is None else [q[1]]))
 
         # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.

@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     # handed every 8 layers), "topk-mlx" (the sampler's top-k supports through MLX's ops instead of
     # the default CUDA kernel, to pair them), "topk-support" (the kernel's support with categorical's
     # draw after it, ~8 launches, where by default the kernel also draws the token by inverse CDF from
-    # one uniform a row; to pair them), "ahead" (the MTP lane builds and starts the next cycle while a
+    # one uniform a row; to pair them), "ahead" (the MTP lane builds the next cycle's graph while a
     # verify runs, guessing every draft passes; a wrong guess puts the caches back from a snapshot;
     # fixed depths without a grammar, Qwen3.5-family checkpoints). Each keeps every row's bits (checked at load), so it
     # only moves speed; the top-k kernel keeps the sampler's distribution (its supports checked at
