@@ -45,7 +45,7 @@ def test_sampled_mtp_built_ahead_follows_the_exact_distribution(sure_adapter, mo
     prompt = [11, 12, 13]
     exact = marginal(exact_joint(sure_adapter, sampler, prompt, 5), (3, 4))
     seen = _spied(sure_adapter, monkeypatch)
-    counts, runs = Counter(), 300
+    counts, runs = Counter(), 200
     for run in range(runs):
         ids, _ = SpeculativeDecoder(sure_adapter, sampler=sampler, depth=1, seed=run).generate(prompt, max_tokens=5)
         if len(ids) >= 5:
