@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Iterator, List, Tuple, Union
 
 import mlx.core as mx
@@ -99,13 +98,13 @@ class SpeculativeDecoder(Lane):
         yield [pending], ["target"], done.logits
         # What the head has not seen yet: the prompt's last hidden state with the first token.
         feed_h, feed_t = done.hidden, first
-        produced, ahead, saved = 1, None, None
+        produced = 1
 
         while True:
             wf.cycle()   # in a timed cycle each mark waits for its arrays; otherwise marks are free
             free = lazy_free(c)   # free text of a triggered grammar: no masks, no waits per draft
             stats.depth = policy.choose(stats)
-            depth = min(stats.depth, max_tokens - produced - 1) if ahead is None else ahead.drafts.size
+            depth = min(stats.depth, max_tokens - produced - 1)
             wf.mark("host")
             if depth <= 0:  # plain AR step: priced out, or only one token left to make
                 logits, h, _ = ad.forward(mx.array([[pending]]), cache)
@@ -124,43 +123,49 @@ class SpeculativeDecoder(Lane):
                 yield [pending], ["target"], logits[0]
                 continue
 
-            if ahead is None:
-                b = self._build(cache, draft, keys, c, free, feed_h, feed_t, mx.array([pending]), depth, wf)
-            else:   # built during the last cycle's verify, on the guess that all its drafts pass
-                b, ahead = ahead, None
-            ad.end_cycle(draft, depth)   # the head forgets its own drafts (it relearns them from the verify)
-            if self._ahead_fits(policy, c, depth, produced, max_tokens):
-                # The next cycle's graph built while this verify runs, as if every draft passes (its
-                # inputs are all lazy then), and handed to the device only once that is known: a
-                # device running a wrong guess would hold up the right cycle. A wrong guess puts the
-                # caches back (references and lengths).
-                mx.async_eval(b.accepted, b.corrections, b.bonus, b.drafts, b.ok)
-                saved = ad.snapshot(cache, draft)
-                ahead = self._build(cache, draft, keys, c, free, b.vh, mx.concatenate([b.drafts, b.bonus]),
-                                    b.bonus.astype(mx.int32), depth, Waterfall(0), start=False)
+            # 1. Draft: the drafter catches up on the new positions, then runs recursively.
+            drafts, qs, draft_logits = [], [], []
+            h, t, masks = feed_h, feed_t, [allowed_after(c)]
+            for _ in range(depth):
+                h, logits = ad.draft_step(draft, cache, h, t[None])
+                draft_logits.append(logits)
+                t, q = sampler.draw(logits, keys.next(), masks[-1])
+                drafts.append(t)
+                qs.append(q)
+                masks.append(None if free else allowed_after(c, t))  # the next mask depends on this draft (a sync)
+            drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
+            mx.async_eval(drafts)  # the head computes while the verify graph is built
+            wf.mark("draft", drafts, *([] if q is None else [q[1]]))
+
+            # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
+            logits, vh, captured = ad.forward(mx.concatenate([mx.array([pending]), drafts])[None], cache, capture=True)
+            wf.mark("forward", logits, vh)
+            allowed = None if c is None or free else mx.stack(masks)  # verify row i: the mask after d1..di
+            p = sampler.mask(logits[0], allowed) if sampler.greedy else sampler.support(logits[0], allowed)
+            wf.mark("sampling", *([p] if sampler.greedy else [a for a in p if a is not None]))
+            accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
 
             # 3. Accept: the one host sync of the cycle.
-            mx.eval(b.accepted, b.corrections, b.bonus, b.drafts, b.ok)
-            check_finite(b.ok.item(), "target model or MTP head")
-            n = accepted_prefix(b.accepted.tolist())
-            new = b.bonus if n == depth else b.corrections[n : n + 1]
+            ok = mx.logical_and(all_finite(logits), all_finite(mx.concatenate(draft_logits)))
+            mx.eval(accepted, corrections, bonus, drafts, ok)
+            check_finite(ok.item(), "target model or MTP head")
+            n = accepted_prefix(accepted.tolist())
+            new = bonus if n == depth else corrections[n : n + 1]
             wf.mark("acceptance")
-            if ahead is not None and n < depth:
-                ad.restore(saved, cache, draft)
-                ahead = None
 
-            # 4. Commit: keep the verified prefix; the drafter relearns next cycle from the target's
-            #    hidden states.
+            # 4. Commit: keep the verified prefix; the drafter forgets its own drafts, which it
+            #    relearns next cycle from the target's hidden states.
             # Tokens read from the arrays the sync computed, whole: reading a slice of one
             # (new, drafts[:n]) would evaluate it, a wait for the device each.
-            tokens = b.drafts.tolist()[:n] + [b.bonus.item() if n == depth else b.corrections.tolist()[n]]
+            tokens = drafts.tolist()[:n] + [bonus.item() if n == depth else corrections.tolist()[n]]
             origins = ["draft"] * n + ["bonus" if n == depth else "correction"]
             kept = c.take(tokens) if free else None
             if kept is not None and kept < len(tokens):   # draft `kept` opened the grammar: end the cycle there
-                n, new, tokens, origins = kept - 1, b.drafts[kept - 1 : kept], tokens[:kept], origins[:kept]
+                n, new, tokens, origins = kept - 1, drafts[kept - 1 : kept], tokens[:kept], origins[:kept]
             pending = tokens[-1]
-            ad.rollback(cache, b.captured, keep=n + 1)
-            feed_h, feed_t = b.vh[:, : n + 1], mx.concatenate([b.drafts[:n], new])
+            ad.rollback(cache, captured, keep=n + 1)
+            ad.end_cycle(draft, depth)
+            feed_h, feed_t = vh[:, : n + 1], mx.concatenate([drafts[:n], new])
             stats.record_cycle(depth, n)
             if c is not None and not free:
                 c.rollback(depth - n)
@@ -168,61 +173,7 @@ class SpeculativeDecoder(Lane):
             produced += len(tokens)
             wf.mark("commit", feed_h, feed_t, *ad.state_arrays(cache, draft))
             policy.observe(depth, wf.end())   # what this depth really costs, for 'auto'
-            try:
-                yield tokens, origins, b.logits[0, : n + 1]
-            except GeneratorExit:   # stopped here: the caches as this cycle left them
-                if ahead is not None:
-                    ad.restore(saved, cache, draft)
-                raise
-
-    def _ahead_fits(self, policy, c, depth: int, produced: int, max_tokens: int) -> bool:
-        """Whether to build the next cycle during this verify ("ahead" in settings.gpu_trials): a
-        fixed depth, no grammar, and room for another full cycle after this one."""
-        return (getattr(self.adapter, "ahead", False) and not policy.auto and c is None
-                and max_tokens - (produced + depth + 1) - 1 >= depth)
-
-    def _build(self, cache, draft, keys, c, free, feed_h, feed_t, pending: mx.array, depth: int, wf,
-               start: bool = True) -> "_Cycle":
-        """One cycle's graph, nothing waited for: the drafts (handed to the device unless `start`
-        is off), the verify, the acceptance."""
-        ad, sampler = self.adapter, self.sampler
-        # 1. Draft: the drafter catches up on the new positions, then runs recursively.
-        drafts, qs, draft_logits = [], [], []
-        h, t, masks = feed_h, feed_t, [allowed_after(c)]
-        for _ in range(depth):
-            h, logits = ad.draft_step(draft, cache, h, t[None])
-            draft_logits.append(logits)
-            t, q = sampler.draw(logits, keys.next(), masks[-1])
-            drafts.append(t)
-            qs.append(q)
-            masks.append(None if free else allowed_after(c, t))  # the next mask depends on this draft (a sync)
-        drafts, q = mx.concatenate(drafts), None if sampler.greedy else _stack(qs)
-        if start:
-            mx.async_eval(drafts)  # the head computes while the verify graph is built
-        wf.mark("draft", drafts, *([] if q is None else [q[1]]))
-
-        # 2. Verify [pending, d1..dD] in one target forward, keeping per-position state.
-        logits, vh, captured = ad.forward(mx.concatenate([pending, drafts])[None], cache, capture=True)
-        wf.mark("forward", logits, vh)
-        allowed = None if c is None or free else mx.stack(masks)  # verify row i: the mask after d1..di
-        p = sampler.mask(logits[0], allowed) if sampler.greedy else sampler.support(logits[0], allowed)
-        wf.mark("sampling", *([p] if sampler.greedy else [a for a in p if a is not None]))
-        accepted, corrections, bonus = verify_drafts(p, q, drafts, keys.next(3), sampler.greedy)
-        ok = mx.logical_and(all_finite(logits), all_finite(mx.concatenate(draft_logits)))
-        return _Cycle(drafts, logits, vh, captured, accepted, corrections, bonus, ok)
-
-
-@dataclass
-class _Cycle:
-    """A cycle's arrays, built and maybe not yet computed."""
-    drafts: mx.array
-    logits: mx.array
-    vh: mx.array
-    captured: object
-    accepted: mx.array
-    corrections: mx.array
-    bonus: mx.array
-    ok: mx.array
+            yield tokens, origins, logits[0, : n + 1]
 
 
 def _stack(supports):

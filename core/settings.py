@@ -17,8 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-support",
-              "ahead")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-support")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles", "topk-kernel", "topk-draw")
 
@@ -93,9 +92,7 @@ class Settings(BaseSettings):
     # handed every 8 layers), "topk-mlx" (the sampler's top-k supports through MLX's ops instead of
     # the default CUDA kernel, to pair them), "topk-support" (the kernel's support with categorical's
     # draw after it, ~8 launches, where by default the kernel also draws the token by inverse CDF from
-    # one uniform a row; to pair them), "ahead" (the MTP lane builds the next cycle's graph while a
-    # verify runs, guessing every draft passes; a wrong guess puts the caches back from a snapshot;
-    # fixed depths without a grammar, Qwen3.5-family checkpoints). Each keeps every row's bits (checked at load), so it
+    # one uniform a row; to pair them). Each keeps every row's bits (checked at load), so it
     # only moves speed; the top-k kernel keeps the sampler's distribution (its supports checked at
     # load against MLX's ops) but orders the kept columns its own way, so a given seed draws other
     # tokens with "topk-mlx" than without. ("two-tiles", 9-16 rows in one matmul launch, is the

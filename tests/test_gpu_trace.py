@@ -52,3 +52,17 @@ def test_a_calls_graph_is_counted_and_its_build_timed():
     g = graph_of(step, runs=3)
     assert g["build_us"] > 0 and g["primitives"] == sum(g["primitive_kinds"].values()) >= 3
     assert {"Matmul", "Exp", "Multiply"} <= set(g["primitive_kinds"])
+
+
+def test_every_part_of_a_real_step_is_counted(tiny_model_dir):
+    """The parts as the H200 traces them, on a tiny checkpoint: a verify returns (logits, [each
+    cache's state, None in empty slots]), where the run of 2026-12-04 stopped (export_to_dot takes
+    arrays only)."""
+    from adapters import load_adapter
+    from scripts.gpu.gpu_trace import graph_of, parts, prefilled
+
+    ad = load_adapter(tiny_model_dir)
+    ids, (cache, draft, hidden) = prefilled(ad, 32)
+    counts = {name: graph_of(fn, runs=2)["primitives"] for name, fn in parts(ad, cache, draft, hidden, ids).items()}
+    assert set(counts) == {"ar_step", "verify_3", "mtp_step", "head_layer", "lm_head"}
+    assert counts["verify_3"] >= counts["ar_step"] > counts["mtp_step"] > counts["head_layer"] > counts["lm_head"] >= 1

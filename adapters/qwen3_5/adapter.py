@@ -69,11 +69,6 @@ def _own(a):
 class HybridAdapter:
     """A loaded Qwen3.5 / Qwen3.5-MoE / Qwen3-Next checkpoint: trunk, MTP head, backend."""
 
-    # core's MTP lane may build the next cycle while a verify runs and put the caches back from a
-    # snapshot when its guess fails (the "ahead" trial): these caches' snapshots are references
-    # and lengths, cheap enough to take every cycle.
-    ahead = False
-
     def __init__(self, family: str, path: Path, model, tokenizer, config: dict, contract: MTPContract,
                  head, compute_dtype: str, backend: Backend, *, inner, output, tied: bool, project,
                  context_length: int, notes: Tuple[str, ...] = (), vision=None):

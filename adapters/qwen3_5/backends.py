@@ -133,7 +133,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
     on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
-    batch-verify-wait, batch-submit, topk-mlx, topk-support; "ahead" is the MTP lane's, set in load.py)."""
+    batch-verify-wait, batch-submit, topk-mlx, topk-support)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     sampling.use_row_topk(None)   # MLX's ops unless the CUDA kernel below passes its check

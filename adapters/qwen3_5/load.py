@@ -274,10 +274,8 @@ def load_family(family: Family, path: Path, config: dict, options: LoadOptions) 
         num_experts=num_experts(tc) if family.experts else 0,
         layout="mlx + sidecar" if found.kind == "sidecar" else "Hugging Face",
     )
-    adapter = HybridAdapter(
+    return HybridAdapter(
         family.name, path, model, tokenizer, config, contract, head, compute_dtype, backend,
         inner=inner, output=output, tied=tied, project=family.project,
         context_length=int(tc.get("max_position_embeddings") or 4096), notes=tuple(notes), vision=tower,
     )
-    adapter.ahead = "ahead" in options.gpu_trials
-    return adapter

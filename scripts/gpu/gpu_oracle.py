@@ -76,11 +76,6 @@ class OracleHead:
         self._depth, self._right = 0, True
         return self._ad.end_cycle(draft, steps)
 
-    def restore(self, state, cache, draft):
-        # (the "ahead" trial: a cycle built on a wrong guess is thrown away, its drafts with it)
-        self._depth, self._right = 0, True
-        return self._ad.restore(state, cache, draft)
-
 
 def lane(decoder, ids, tokens):
     out, st = decoder.generate(ids, max_tokens=tokens)

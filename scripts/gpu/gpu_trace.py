@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import adapters  # noqa: E402,F401  (BLAS preload before mlx)
 import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 from adapters import load_adapter  # noqa: E402
 from core import PrefixCache, Prompt  # noqa: E402
@@ -45,6 +46,14 @@ from scripts.gpu.gpu_long import restored, step_fns  # noqa: E402
 from scripts.gpu.gpu_profile import primitive_kinds  # noqa: E402
 
 PAUSE_S = 0.003    # between calls: the GPU idle, so one call's kernels never run inside the next
+
+
+def prefilled(ad, context: int):
+    """A chat prompt of about `context` tokens, prefilled: (ids, (cache, draft, hidden))."""
+    ids = padded_chat_prompt(ad, "Summarise the text above in one sentence.", context)
+    pc = PrefixCache(2**40)
+    cache_prompt(ad, Prompt(tuple(ids), (len(ids) - 1,)), pc)
+    return ids, restored(ad, pc, ids)
 
 
 def parts(ad, cache, draft, hidden, ids) -> dict:
@@ -112,7 +121,10 @@ def graph_of(fn, runs: int) -> dict:
         builds.append(time.perf_counter() - t0)
         if kinds is None:
             with tempfile.NamedTemporaryFile(suffix=".dot") as f:
-                mx.export_to_dot(f.name, *out)
+                # a verify's outputs nest (logits, [each cache's state, None where a slot is
+                # empty]): the dot takes arrays only
+                leaves = [a for _, a in tree_flatten(list(out)) if isinstance(a, mx.array)]
+                mx.export_to_dot(f.name, *leaves)
                 kinds = primitive_kinds(Path(f.name).read_text())
         mx.eval(*out)
     return {"build_us": statistics.median(builds) * 1e6, "primitives": sum(kinds.values()),
@@ -153,10 +165,7 @@ def main(argv=None) -> int:
         print(f"gpu_trace: needs torch with CUDA beside MLX ({type(exc).__name__}: {exc}); nothing traced")
         return 2
     ad = load_adapter(a.model)
-    ids = padded_chat_prompt(ad, "Summarise the text above in one sentence.", a.context)
-    pc = PrefixCache(2**40)
-    cache_prompt(ad, Prompt(tuple(ids), (len(ids) - 1,)), pc)
-    cache, draft, hidden = restored(ad, pc, ids)
+    ids, (cache, draft, hidden) = prefilled(ad, a.context)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {"commit": commit, "mlx": mx.__version__, "torch": torch.__version__, "model": a.model,
               "describe": ad.describe(), "context": len(ids), "runs": a.runs, "parts": {}}
