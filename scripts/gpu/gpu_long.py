@@ -11,6 +11,9 @@ a prefix cache (its time: prefill tok/s). Then, on a copy of that state:
   apart from the widths moved 0.127-0.184 between runs);
 - three draft steps built one after another and evaluated once, as a cycle drafts: what each step
   after the first adds (in AR steps), the per-evaluation costs counted once;
+- a greedy cycle at depths 1-3 as the MTP lane orders it (the drafts handed to the device, the
+  verify built meanwhile, then evaluated): less the verify of depth + 1, what each draft costs a
+  cycle; and the projection from whole cycles, which holds everything a cycle pays but sampling;
 - the cost model's projection of MTP/AR at the Qwythos acceptance (0.93 / 0.90 / 0.85 per
   depth) at depths 1-3 from those parts, and its ratio to the shortest context's;
 - 64 greedy tokens of AR and of MTP (depth 2) restored from the prefix cache: tok/s and peak
@@ -66,7 +69,20 @@ def step_fns(ad, cache, draft, hidden, ids, widths) -> dict:
     fns = {w: lambda w=w: forward_and_commit(ad, cache, toks, w) for w in widths}
     fns["mtp"] = lambda: [mx.argmax(ad.draft_step(draft, cache, hidden, t)[1], axis=-1)]
     fns["mtp3"] = lambda: chained_drafts(ad, draft, cache, hidden, t, 3)
+    for d in (1, 2, 3):
+        if d + 1 in widths:
+            fns[f"cycle{d}"] = lambda d=d: greedy_cycle(ad, draft, cache, hidden, t, d)
     return fns
+
+
+def greedy_cycle(ad, draft, cache, hidden, t, depth: int):
+    """A greedy cycle's device work as the MTP lane orders it (core/decoders.py): `depth` draft
+    steps chained and handed to the device, the verify of [t, drafts] built meanwhile, then the
+    commit of one position (as the verifies here). Less a verify of depth + 1: what the drafts
+    cost a cycle, their host build and the evaluation they overlap included."""
+    drafts = mx.concatenate(chained_drafts(ad, draft, cache, hidden, t, depth), axis=1)
+    mx.async_eval(drafts)   # the head computes while the verify graph is built
+    return forward_and_commit(ad, cache, mx.concatenate([t, drafts], axis=1), depth + 1)
 
 
 def chained_drafts(ad, draft, cache, hidden, t, n: int) -> list:
@@ -120,16 +136,25 @@ def one_context(ad, context: int, tokens: int) -> dict:
     # launch, the wait, the return to Python) counted once, as the lane pays them.
     chained = (measured["in_ar_steps"]["mtp3"] - mtp) / 2
     projection = {d: expected_tokens(QWYTHOS_ACCEPTANCE, d) / (costs[d + 1] + d * mtp) for d in (1, 2, 3)}
+    # The drafts as a cycle pays for them, per draft: the whole cycle less its verify, over its depth.
+    in_cycle = {d: (measured["in_ar_steps"][f"cycle{d}"] - costs[d + 1]) / d for d in (1, 2, 3)}
+    cycle_projection = {d: expected_tokens(QWYTHOS_ACCEPTANCE, d) / measured["in_ar_steps"][f"cycle{d}"]
+                        for d in (1, 2, 3)}
     ar_ids, ar = decode(ad, pc, ids, "ar", tokens)
     mtp_ids, md = decode(ad, pc, ids, "mtp", tokens)
     row = {"context": len(ids), "prefill_s": prefill_s, "prefill_tok_s": (len(ids) - 1) / prefill_s,
            "ar_step_ms": step * 1e3, "verify_in_ar_steps": {str(w): c for w, c in costs.items()},
            "mtp_step_in_ar_steps": mtp, "mtp_chained_step_in_ar_steps": chained, "projected_mtp_vs_ar": {str(d): p for d, p in projection.items()},
+           "cycle_in_ar_steps": {str(d): measured["in_ar_steps"][f"cycle{d}"] for d in (1, 2, 3)},
+           "mtp_step_in_cycle_in_ar_steps": {str(d): c for d, c in in_cycle.items()},
+           "projected_from_cycles": {str(d): p for d, p in cycle_projection.items()},
            "ar": ar, "mtp_d2": md, "mtp_peak_over_ar": md["peak_gib"] / ar["peak_gib"],
            "greedy_mtp_equals_ar": ar_ids == mtp_ids}
     log(f"context {len(ids)}: prefill {row['prefill_tok_s']:.0f} tok/s; step {step * 1e3:.2f} ms, verify "
-        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.2f} ({chained:.2f} chained); projected "
-        + "/".join(f"{projection[d]:.2f}x" for d in (1, 2, 3)) + f"; peak AR {ar['peak_gib']:.2f} GiB, "
+        + "/".join(f"{costs[w]:.2f}" for w in (2, 3, 4, 5)) + f", MTP step {mtp:.2f} ({chained:.2f} chained; in a cycle "
+        + "/".join(f"{in_cycle[d]:.2f}" for d in (1, 2, 3)) + " a draft at depths 1/2/3); projected "
+        + "/".join(f"{projection[d]:.2f}x" for d in (1, 2, 3)) + " (from whole cycles "
+        + "/".join(f"{cycle_projection[d]:.2f}x" for d in (1, 2, 3)) + f"); peak AR {ar['peak_gib']:.2f} GiB, "
         f"MTP {md['peak_gib']:.2f} GiB; MTP == AR {row['greedy_mtp_equals_ar']}")
     return row
 
