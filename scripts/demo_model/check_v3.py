@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e / v3f / v3g corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -34,6 +34,8 @@ LIMITS["v3f"] = {**LIMITS["v3e"], "notes_share": (0.20, 0.30), "tokens_max": 13_
 # prose) and mean length, and the distinct dictionary names
 LIMITS["v3g"] = {**LIMITS["v3f"], "notes_share": (0.18, 0.30), "tokens_max": 13_000_000,
                  "explain_share": (0.12, 0.25), "explain_tokens_mean": (50, 90), "dict_names_min": 5000}
+# v3h: v3g's with the span drills and the dictionary results of other senses
+LIMITS["v3h"] = {**LIMITS["v3g"], "spans_min": 5000, "senses_min": 500}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -240,7 +242,7 @@ def reply_tokens_by_kind(work: Path) -> dict | None:
     return out
 
 
-def check_v3g(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3g(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3g") -> list:
     """v3g: v3f's checks with v3g's limits; the explained answers ("explain" documents) of 3-5 sentences
     (as the generator counted them, and >= 97 % by their text), within EXPLAIN_MAX_WORDS words, each
     naming its question's subject in its first sentence and in its thought (when it has one), none asked
@@ -249,8 +251,8 @@ def check_v3g(work: Path, lim: dict | None = None, held: set | None = None) -> l
     distinct enough, none an evaluation name nor holding one of their stems."""
     import eval_v3
 
-    lim = lim or LIMITS["v3g"]
-    problems = check_v3f(work, lim, held, variant="v3g")
+    lim = lim or LIMITS[variant]
+    problems = check_v3f(work, lim, held, variant=variant)
     import conversations as C
 
     sentences = json.loads((Path(work) / "corpus" / "stats.json").read_text()).get("v3g", {}).get("sentences")
@@ -305,7 +307,44 @@ def check_v3g(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
-CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g}
+def check_v3h(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3h: v3g's checks; at least LIMITS' span drills, each reply holding its question's span word
+    for word, none naming a held-out subject; at least LIMITS' dictionary words with a result of
+    another sense, and such results in the tool conversations."""
+    lim = lim or LIMITS["v3h"]
+    problems = check_v3g(work, lim, held, variant="v3h")
+    stats = json.loads((Path(work) / "corpus" / "stats.json").read_text())["v3e"]
+    if stats.get("span_drills", 0) < lim["spans_min"]:
+        problems.append(f"{stats.get('span_drills', 0)} span drills, fewer than {lim['spans_min']}")
+    senses = stats.get("dict_words_common_rare_senses", [0, 0, 0])[2]
+    if senses < lim["senses_min"]:
+        problems.append(f"{senses} dictionary results of another sense, fewer than {lim['senses_min']}")
+    held = V3.heldout_subjects() if held is None else held
+    held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b")
+    span_q = [re.compile(re.escape(q).replace(re.escape("{t}"), "(.+)") + "$", re.S) for q in V3.SPAN_Q]
+    seen = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        if d["kind"] != "drill":
+            continue
+        turns = TURN.findall(d["text"])
+        for (_, q), (_, a) in zip(turns[0::2], turns[1::2]):
+            m = next((m for m in (r.match(q) for r in span_q) if m), None)
+            if m is None:
+                continue
+            seen += 1
+            span = m.group(1)
+            if span not in a.split("</think>")[-1]:
+                problems.append(f"a span drill's reply does not hold its span: {q!r} -> {a[-80:]!r}")
+            if held_re.search(span.lower()):
+                problems.append(f"a span drill names a held-out subject: {span!r}")
+    if seen < lim["spans_min"]:
+        problems.append(f"{seen} span drills found in the documents, fewer than {lim['spans_min']}")
+    return problems[:40]
+
+
+CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
+          "v3h": check_v3h}
 
 
 def main():

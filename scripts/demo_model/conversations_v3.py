@@ -99,6 +99,11 @@ VARIANTS["v3f"] = {**VARIANTS["v3e"], "n_tools_v3e": 9000, "tool_think_frac": 0.
 VARIANTS["v3g"] = {**VARIANTS["v3f"], "n_json": 5000, "n_docs_chat": 8000, "n_long": 120, "prose_keep": 0.3,
                    "repeats": 60, "v2_keep": {"person": 0.0}, "explain": True, "real_names": True, "dict_frac": 0.7,
                    "rename_frac": 0.4}
+# v3h: v3g's corpus with (everyday_v3 section j) a common word's dictionary result often another of its
+# senses, so that the answer can only come from the result (v3g-more used it in 6-11 of 50 answers,
+# drifting from the copied definition into a remembered one), and 6,000 drills asking a whole unseen
+# gloss back word for word
+VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -117,7 +122,13 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     rare = V3.rare_words(syn, idx, skip)
     copies = V3.copy_drills(rng, [w for w, _ in rare], cfg["n_copy"], exclude)
     asked = Counter((d["kind"], str(d.get("word") or d.get("subject")).lower()) for d in drills)
-    items = drills + copies
+    # v3h: whole glosses asked back (their own generator, so the earlier variants' draws stay theirs)
+    spans = []
+    if cfg.get("n_span"):
+        skipped = {s.lower() for s in held | set(tool_words) | set(C.HELDOUT_TOPICS)}
+        skipped_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(skipped, key=len, reverse=True)) + r")\b")
+        spans = V3.span_drills(random.Random(seed + 7), syn, cfg["n_span"], skipped_re, exclude)
+    items = drills + copies + spans
     rng.shuffle(items)
     half = len(items) // 2
     grouped = sorted(items[:half], key=lambda d: d["kind"])   # stable: one kind per run, shuffled within
@@ -142,6 +153,10 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     common = sorted(common.items())
     rare_pick = trng.sample(sorted(rare), min(len(common), len(rare)))
     dict_words = common + rare_pick
+    senses = []
+    if cfg.get("other_senses"):   # v3h: a common word's result often another of its senses (not the fact learnt)
+        senses = [(w, g) for w, g in V3.other_senses(syn, idx, [w for w, _ in common]) if not held_re.search(g.lower())]
+        dict_words += senses
     caps = sorted({m.groups() for m in (re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1])
                                         for d in parts["v3_capital"]) if m and not (set(map(str.lower, m.groups())) & held)})
     plain = [d for d in parts["v3_opposite"] + parts["v3_kind"] if not exclude(d) and not held_re.search(d["messages"][0].lower())]
@@ -168,12 +183,12 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     for (k, s), n in asked.items():
         per_subject[s] += n
     vals = sorted(per_subject.values())
-    return {"drill_exchanges": len(drills), "copy_drills": len(copies), "drill_docs": n_docs,
+    return {"drill_exchanges": len(drills), "copy_drills": len(copies), "span_drills": len(spans), "drill_docs": n_docs,
             "drill_exchanges_by_kind": dict(Counter(d["kind"] for d in drills)),
             "drilled_subjects": len(per_subject),
             "asks_per_subject_min_median_max": [vals[0], vals[len(vals) // 2], vals[-1]] if vals else None,
             "held_out_subjects": len(held), "tool_conversations_v3e": len(convs),
-            "dict_words_common_rare": [len(common), len(rare_pick)],
+            "dict_words_common_rare_senses": [len(common), len(rare_pick), len(senses)],
             **({"dict_names_distinct": len(dict_names), "dict_names_most_used": dict_names.most_common(1)[0][1],
                 "name_pool": len(pool)} if pool else {})}
 

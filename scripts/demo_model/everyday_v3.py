@@ -892,8 +892,7 @@ def rare_words(syn, idx, skip, min_len=8):
         w = _w(lemma)
         if t != "n" or not re.fullmatch(rf"[a-z]{{{min_len},16}}", w) or skip(w):
             continue
-        s = syn[info["synsets"][0]]
-        gloss = re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
+        gloss = _gloss(syn[info["synsets"][0]])
         if 2 <= len(gloss.split()) <= 14 and not re.search(r"[()\"`]", gloss):
             out.append((w, gloss))
     return out
@@ -997,6 +996,52 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
             msgs += tool_exchange(made[want][0]["function"]["name"], subject, q, args, result, ans, thinking, offered)
         if msgs:
             out.append((msgs, tools, thinking))
+    return out
+
+
+# ------------------------------------------------------------------------------ (j) v3h: copying spans
+# v3g-more (104M tokens) answered 68 of 75 held-out questions but used the dictionary tool's result in
+# 6-11 of 50 answers: it starts copying the definition, then drifts into one it remembers ("large tough
+# nonrigid bag carried into in cell or air"). In its training a common word's tool result was always
+# the definition it had also learnt as a fact, so recalling and copying were the same answer. v3h: the
+# result of a common word is often ANOTHER of its senses (a true definition, but not the remembered
+# one), and span drills ask a whole unseen gloss back, word for word.
+
+SPAN_Q = ['Repeat this exactly: "{t}"', "Copy this sentence word for word: {t}", 'Say this back to me: "{t}"',
+          "Here is a note: {t}\nWhat does the note say, word for word?", 'Quote this: "{t}"',
+          "Please repeat what I write, exactly: {t}"]
+SPAN_A = ["{t}", '"{t}"', 'The note says: "{t}"', "{t}."]
+
+
+def _gloss(s) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
+
+
+def other_senses(syn, idx, words) -> list:
+    """(word, gloss) of each given noun's second to fourth WordNet senses: definitions the dictionary
+    tool can return that are not the one a fact taught (whose gloss is the first sense's)."""
+    out = []
+    for w in words:
+        info = idx.get((w.replace(" ", "_"), "n"))
+        for key in (info or {}).get("synsets", [])[1:4]:
+            g = _gloss(syn[key])
+            if 2 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g):
+                out.append((w, g))
+    return out
+
+
+def span_drills(rng, syn, n, skipped, exclude) -> list:
+    """Copying drills of whole spans: a WordNet gloss of 5-14 words (any part of speech, none naming
+    a subject that `skipped`, a regex of them in lower case, finds) asked back; the reply is the
+    gloss exactly."""
+    pool = sorted({g for g in (_gloss(s) for s in syn.values())
+                   if 5 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g) and not skipped.search(g.lower())})
+    out = []
+    for t in rng.sample(pool, min(n, len(pool))):
+        item = {"kind": "span", "word": t.split()[0], "thought": "The text, word for word.",
+                "messages": [rng.choice(SPAN_Q).format(t=t), rng.choice(SPAN_A).format(t=t)]}
+        if not exclude(item):
+            out.append(item)
     return out
 
 

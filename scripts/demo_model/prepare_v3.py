@@ -7,6 +7,7 @@ carried folder that gpu_v3.sh reads.
     python scripts/demo_model/prepare_v3.py --variant v3d         # v3d: the focused notes -> artifacts/demo/v3d
     python scripts/demo_model/prepare_v3.py --variant v3e         # v3e: + binding drills, tools back -> artifacts/demo/v3e
     python scripts/demo_model/prepare_v3.py --variant v3g         # v3g: v3f + explained answers, real-word tool names
+    python scripts/demo_model/prepare_v3.py --variant v3h         # v3h: v3g + other senses in tool results, span drills
 
   corpus   conversations_v3.build -> artifacts/demo/v3/corpus (seed 35; ~2 min on 2 cores)
   data     the corpus tokenised with models/demo's tokenizer (v2's 8,192 ids, its chat template: the
@@ -35,7 +36,8 @@ WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
 # each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
 WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d", "v3e": REPO / "artifacts" / "demo" / "v3e",
-         "v3f": REPO / "artifacts" / "demo" / "v3f", "v3g": REPO / "artifacts" / "demo" / "v3g"}
+         "v3f": REPO / "artifacts" / "demo" / "v3f", "v3g": REPO / "artifacts" / "demo" / "v3g",
+         "v3h": REPO / "artifacts" / "demo" / "v3h"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -74,7 +76,8 @@ def main():
                          "(artifacts/demo/v3d, carried as artifacts/demo/v3d/carry); v3e: v3d's notes (fewer statements), "
                          "binding and copying drills, the tool conversations back (artifacts/demo/v3e); v3f: v3e with more tool "
                          "conversations whose thoughts list the offered tools (artifacts/demo/v3f); v3g: v3f with explained "
-                         "answers of 3-5 sentences and tool names of real words to copy (artifacts/demo/v3g)")
+                         "answers of 3-5 sentences and tool names of real words to copy (artifacts/demo/v3g); v3h: v3g with "
+                         "other senses as dictionary results and whole glosses to copy back (artifacts/demo/v3h)")
     a = ap.parse_args()
     if a.variant != "v3c":  # the variant's own folders unless named
         a.work = str(WORKS[a.variant]) if a.work == str(WORK) else a.work
