@@ -93,6 +93,25 @@ def test_v3h_is_registered_where_variants_are_and_leaves_v3g_as_it_was():
 
     cfg = conversations_v3.VARIANTS["v3h"]
     assert cfg["n_span"] >= 5000 and cfg["other_senses"]
-    assert {k: v for k, v in cfg.items() if k not in ("n_span", "other_senses")} == conversations_v3.VARIANTS["v3g"]
+    assert cfg["person_alias"]
+    assert {k: v for k, v in cfg.items() if k not in ("n_span", "other_senses", "person_alias")} == conversations_v3.VARIANTS["v3g"]
     assert "v3h" in prepare_v3.WORKS and "v3h" in check_v3.CHECKS and "v3h" in check_v3.LIMITS
-    assert not {"n_span", "other_senses"} & set(conversations_v3.VARIANTS["v3g"])
+    assert not {"n_span", "other_senses", "person_alias"} & set(conversations_v3.VARIANTS["v3g"])
+
+
+def test_v3h_names_an_explained_person_by_a_short_name_after_the_first_sentence():
+    from tests.test_demo_v3g import GALILEO, KEPLER
+
+    ans, thought, n = V3.explain_person({**KEPLER, "asked": "Johannes Kepler"}, alias=True)
+    sentences = [s for s in re.split(r"(?<=\.) ", ans) if s]
+    assert sentences[0].startswith("Johannes Kepler was") and "who Johannes Kepler was" in thought
+    assert n == len(sentences) >= 3 and all(s.startswith("Kepler ") for s in sentences[1:]), ans
+    # the long name no longer opens every sentence: no 8-word span three times (the loop measure's rule)
+    assert ans.count("Johannes Kepler") == 1
+    # a first name serves as well; the sentence of other names goes when no third name is left
+    longer = {**GALILEO, "desc": "Italian astronomer and mathematician who first used a telescope to study the sky"}
+    ans, _, _ = V3.explain_person({**longer, "asked": "Galileo Galilei"}, alias=True)
+    assert "Galileo lived from 1564 to 1642." in ans and "also called" not in ans
+    # asked by the short name, or without alias, as v3g wrote it
+    assert V3.explain_person({**KEPLER, "asked": "Kepler"}, alias=True) == V3.explain_person({**KEPLER, "asked": "Kepler"})
+    assert V3.explain_person({**KEPLER, "asked": "Johannes Kepler"})[0].count("Johannes Kepler") >= 3

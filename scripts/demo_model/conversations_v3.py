@@ -101,9 +101,10 @@ VARIANTS["v3g"] = {**VARIANTS["v3f"], "n_json": 5000, "n_docs_chat": 8000, "n_lo
                    "rename_frac": 0.4}
 # v3h: v3g's corpus with (everyday_v3 section j) a common word's dictionary result often another of its
 # senses, so that the answer can only come from the result (v3g-more used it in 6-11 of 50 answers,
-# drifting from the copied definition into a remembered one), and 6,000 drills asking a whole unseen
-# gloss back word for word
-VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True}
+# drifting from the copied definition into a remembered one), 6,000 drills asking a whole unseen
+# gloss back word for word, and an explained person named by a one-word name of theirs after the first
+# sentence (v3g2-more's 3 "loops" in 200 were "Leonardo da Vinci ..." opening four sentences)
+VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True, "person_alias": True}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -193,15 +194,16 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
                 "name_pool": len(pool)} if pool else {})}
 
 
-def _v3g_docs(seed, wn, held, skip, exclude, emit, think_frac=0.7):
+def _v3g_docs(seed, wn, held, skip, exclude, emit, think_frac=0.7, alias=False):
     """v3g's explained answers (everyday_v3 section i) in documents of their own ("explain": 1-3 exchanges,
     the last one's thought naming the subject and the plan in `think_frac` of them; a system prompt in a
-    quarter, never one asking for brevity), from streams of their own (seed + 5). Returns stats."""
+    quarter, never one asking for brevity), from streams of their own (seed + 5); `alias`: v3h's
+    person answers (everyday_v3.explain_person). Returns stats."""
     rng = random.Random(seed + 5)
     nouns = V3.explain_noun_facts(wn, skip)
     persons = V3.explain_person_facts(wn, skip)
     adjectives = V3.explain_adjective_facts(wn, skip)
-    items = V3.explained_answers(rng, nouns, persons, adjectives, held, exclude)
+    items = V3.explained_answers(rng, nouns, persons, adjectives, held, exclude, alias=alias)
     rng.shuffle(items)
     i = n_docs = 0
     while i < len(items):
@@ -319,7 +321,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
     if cfg.get("explain"):  # v3g: explained answers, the drills' subjects kept out, and no question naming one of
         held = V3.heldout_subjects()   # the race's or everyday prompts' subjects at all ("a radio telescope")
         explain_stats = _v3g_docs(seed, wn, held | C.HELDOUT_TOPICS | tool_words,
-                                  lambda w: w.lower() in held or w in tool_words or w in C.HELDOUT_TOPICS, exclude, emit)
+                                  lambda w: w.lower() in held or w in tool_words or w in C.HELDOUT_TOPICS, exclude, emit,
+                                  alias=cfg.get("person_alias", False))
     # chats of 1-6 exchanges, then long conversations
     for _ in range(n_docs_chat):
         msgs, last = system([]), None

@@ -1142,25 +1142,30 @@ def _an(phrase):
     return "a" if re.match(r"(?i)(u(ni|k|r|g|s|t)|eu|one\b)", phrase) else _article(phrase)
 
 
-def explain_person(p):
+def explain_person(p, alias: bool = False):
     """An explained answer about a person, every sentence naming them as the question does (the drills'
     rule: the asked subject first): (answer, thought, sentences) or None. `p`: "asked" (the name the
     question uses), "names" (WordNet's names of the person, fullest first), "desc" (the gloss without
     its parentheses), "years" ((born, died) or (born,)), "born_in" (a place or None), "known_as" (the
-    instance's classes)."""
+    instance's classes). `alias` (v3h): the sentences after the first name them by the shortest other
+    name of theirs that is part of the asked one ("Mozart" after "Wolfgang Amadeus Mozart", "Van Allen"
+    after "James Alfred Van Allen"), as English does: a long name in every sentence repeats 8-token
+    spans, which the loop measure counts."""
     n, verb = p["asked"], "was" if len(p["years"]) == 2 else "is"
+    part = [x for x in p["names"] if x != n and re.search(rf"(^| ){re.escape(x)}( |$)", n)]
+    m = min(part, key=len) if alias and part else n
     desc = p["desc"] if re.match(r"(a|an|the|one) ", p["desc"]) else f"{_an(p['desc'])} {p['desc']}"
     place = f" in {p['born_in']}" if p["born_in"] else ""
     out = [(f"{n} {verb} {desc}.", "say who they are" if verb == "is" else "say who they were"),
-           (f"{n} lived from {p['years'][0]} to {p['years'][1]}." if len(p["years"]) == 2
-            else f"{n} was born{place} in {p['years'][0]}.", "give the years")]
+           (f"{m} lived from {p['years'][0]} to {p['years'][1]}." if len(p["years"]) == 2
+            else f"{m} was born{place} in {p['years'][0]}.", "give the years")]
     if p["known_as"]:
-        out.append((f"{n} is known as {E._list([f'{_an(k)} {k}' for k in p['known_as']])}.", "name the field"))
+        out.append((f"{m} is known as {E._list([f'{_an(k)} {k}' for k in p['known_as']])}.", "name the field"))
     if place and len(p["years"]) == 2:
-        out.append((f"{n} was born{place}.", "give the birthplace"))
-    others = [x for x in p["names"] if x != n][:2]
+        out.append((f"{m} was born{place}.", "give the birthplace"))
+    others = [x for x in p["names"] if x not in (n, m)][:2]
     if others:
-        out.append((f"{n} is also called {E._list(others)}.", "give other names"))
+        out.append((f"{m} is also called {E._list(others)}.", "give other names"))
     return _fit(out, f"who {n} {verb}")
 
 
@@ -1264,11 +1269,12 @@ def explain_adjective_facts(wn, skip, freq_min=3):
     return out
 
 
-def explained_answers(rng, nouns, persons, adjectives, held, exclude, common_freq=20):
+def explained_answers(rng, nouns, persons, adjectives, held, exclude, common_freq=20, alias=False):
     """Exchanges {"kind": "v3_explain", "word" / "subject", "about", "messages": [q, a], "thought",
     "sentences"}: every noun once (twice, in two forms, when running text uses it `common_freq` times or
     more), every person and adjective once. A question naming a held-out subject of any category (`held`, as the drills) or
-    refused by `exclude` is dropped; the held-out subjects' facts stay statements in the notes."""
+    refused by `exclude` is dropped; the held-out subjects' facts stay statements in the notes. `alias`:
+    explain_person's."""
     held_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(held, key=len, reverse=True)) + r")\b") \
         if held else re.compile(r"(?!x)x")
     out = []
@@ -1292,7 +1298,7 @@ def explained_answers(rng, nouns, persons, adjectives, held, exclude, common_fre
     for p in persons:
         n = rng.choice(p["names"])
         q = rng.choice(PERSON_Q["was" if len(p["years"]) == 2 else "is"]).format(n=n)
-        add(q, explain_person({**p, "asked": n}), subject=n, about="person")
+        add(q, explain_person({**p, "asked": n}, alias), subject=n, about="person")
     for f in adjectives:
         if not set(f["w"].split()) & plain:
             add(rng.choice(ADJ_Q).format(w=f["w"]), explain_adjective(f), word=f["w"], about="adjective")
