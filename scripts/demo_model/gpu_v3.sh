@@ -19,6 +19,7 @@
 #   bash artifacts/demo/v3/carry/scripts/gpu_v3.sh train        # OUT=$OUT on the device machine
 #   RESUME_DIR=/tmp/v3_work/runs/V3 LR=1e-3 bash .../gpu_v3.sh train   # the next call, same warm machine:
 #                        SECS more seconds of training from the first call's weights (-> runs_more)
+#   MTP_W=1.5 ...        the MTP head's loss weight (1.0 by default; V3_PLAN.md section 17)
 #
 # Timing (one call, 600 s limit; the machine start is not counted in it): untar ~10 s, model build
 # and the first steps ~30 s, training by wall clock until STOP_AT (TRAIN_BUDGET 470 s after the
@@ -70,7 +71,7 @@ train)
   train() {
     local limit=$1; shift
     timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
-      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
+      --depth 2 --mtp-w ${MTP_W:-1.0} --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
       --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} \
       --gdn-chunk ${GDN_CHUNK:-256} "$@"
   }
