@@ -102,7 +102,7 @@ VARIANTS["v3g"] = {**VARIANTS["v3f"], "n_json": 5000, "n_docs_chat": 8000, "n_lo
 # v3h: v3g's corpus with (everyday_v3 section j) a common word's dictionary result often another of its
 # senses, so that the answer can only come from the result (v3g-more used it in 6-11 of 50 answers,
 # drifting from the copied definition into a remembered one), 6,000 drills asking a whole unseen
-# gloss back word for word, and an explained person named by a one-word name of theirs after the first
+# gloss back word for word, and an explained person named by a shorter name of theirs after the first
 # sentence (v3g2-more's 3 "loops" in 200 were "Leonardo da Vinci ..." opening four sentences)
 VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True, "person_alias": True}
 # the system prompts an explained answer may follow: none that asks for brevity
@@ -123,12 +123,11 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     rare = V3.rare_words(syn, idx, skip)
     copies = V3.copy_drills(rng, [w for w, _ in rare], cfg["n_copy"], exclude)
     asked = Counter((d["kind"], str(d.get("word") or d.get("subject")).lower()) for d in drills)
+    # v3h's texts name no held-out subject, no tool evaluation word, no held-out topic
+    skipped = {s.lower() for s in held | set(tool_words) | set(C.HELDOUT_TOPICS)}
+    skipped_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(skipped, key=len, reverse=True)) + r")\b")
     # v3h: whole glosses asked back (their own generator, so the earlier variants' draws stay theirs)
-    spans = []
-    if cfg.get("n_span"):
-        skipped = {s.lower() for s in held | set(tool_words) | set(C.HELDOUT_TOPICS)}
-        skipped_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(skipped, key=len, reverse=True)) + r")\b")
-        spans = V3.span_drills(random.Random(seed + 7), syn, cfg["n_span"], skipped_re, exclude)
+    spans = V3.span_drills(random.Random(seed + 7), syn, cfg["n_span"], skipped_re, exclude) if cfg.get("n_span") else []
     items = drills + copies + spans
     rng.shuffle(items)
     half = len(items) // 2
@@ -156,7 +155,7 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     dict_words = common + rare_pick
     senses = []
     if cfg.get("other_senses"):   # v3h: a common word's result often another of its senses (not the fact learnt)
-        senses = [(w, g) for w, g in V3.other_senses(syn, idx, [w for w, _ in common]) if not held_re.search(g.lower())]
+        senses = [(w, g) for w, g in V3.other_senses(syn, idx, [w for w, _ in common]) if not skipped_re.search(g.lower())]
         dict_words += senses
     caps = sorted({m.groups() for m in (re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1])
                                         for d in parts["v3_capital"]) if m and not (set(map(str.lower, m.groups())) & held)})

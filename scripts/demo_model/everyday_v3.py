@@ -1000,7 +1000,7 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
 
 
 # ------------------------------------------------------------------------------ (j) v3h: copying spans
-# v3g-more (104M tokens) answered 68 of 75 held-out questions but used the dictionary tool's result in
+# v3g2-more (104M tokens) answered 68 of 75 held-out questions but used the dictionary tool's result in
 # 6-11 of 50 answers: it starts copying the definition, then drifts into one it remembers ("large tough
 # nonrigid bag carried into in cell or air"). In its training a common word's tool result was always
 # the definition it had also learnt as a fact, so recalling and copying were the same answer. v3h: the
