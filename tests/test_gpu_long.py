@@ -8,7 +8,7 @@ import numpy as np
 
 from adapters import load_adapter
 from scripts.gpu import gpu_long
-from scripts.gpu.gpu_trace import prefilled
+from scripts.gpu.gpu_long import prefilled
 
 
 def test_a_greedy_cycle_verifies_the_heads_own_greedy_drafts(tiny_model_dir):

@@ -59,7 +59,8 @@ def test_every_part_of_a_real_step_is_counted(tiny_model_dir):
     cache's state, None in empty slots]), where the run of 2026-12-04 stopped (export_to_dot takes
     arrays only)."""
     from adapters import load_adapter
-    from scripts.gpu.gpu_trace import graph_of, parts, prefilled
+    from scripts.gpu.gpu_long import prefilled
+    from scripts.gpu.gpu_trace import graph_of, parts
 
     ad = load_adapter(tiny_model_dir)
     ids, (cache, draft, hidden) = prefilled(ad, 32)

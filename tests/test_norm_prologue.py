@@ -11,7 +11,7 @@ import pytest
 from adapters import kernels, load_adapter
 from adapters.kernels import cuda_attention, cuda_qmm as gk, gdn, gdn_fused
 from adapters.qwen3_5 import backends
-from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder
+from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, sampling
 from tests.test_gpu_wrappers import _KERNEL_SHAPED, _reference_kernel
 
 GREEDY = SamplerConfig(0.0, 1.0, 0, 0.0)
@@ -87,6 +87,9 @@ def test_the_trial_is_checked_at_load_and_falls_back_saying_why(monkeypatch):
 
     monkeypatch.setattr(backends, "_verdict", lambda backend, *fused: None)
     monkeypatch.setattr(kernels, "_two_tiles_verdict", lambda: (True, None))
+    for k in ("on", "why"):   # choose() sets two tiles a launch and the sampler's top-k hook
+        monkeypatch.setitem(gk.TWO_TILES, k, gk.TWO_TILES[k])   # process-wide: put them back after
+    monkeypatch.setattr(sampling, "_row_topk", sampling._row_topk)
     monkeypatch.setattr(kernels, "topk_verdict", lambda draw=False: None)
     trials = LoadOptions.from_settings(Settings(gpu_trials="norm-prologue")).gpu_trials
     assert backends.choose("native", [nn.RoPE(8)], device=mx.gpu, cuda=True).few.norm_prologue is False

@@ -892,7 +892,7 @@ def rare_words(syn, idx, skip, min_len=8):
         w = _w(lemma)
         if t != "n" or not re.fullmatch(rf"[a-z]{{{min_len},16}}", w) or skip(w):
             continue
-        gloss = _gloss(syn[info["synsets"][0]])
+        gloss = E._gloss(syn[info["synsets"][0]]["def"])
         if 2 <= len(gloss.split()) <= 14 and not re.search(r"[()\"`]", gloss):
             out.append((w, gloss))
     return out
@@ -1013,10 +1013,6 @@ SPAN_Q = ['Repeat this exactly: "{t}"', "Copy this sentence word for word: {t}",
 SPAN_A = ["{t}", '"{t}"', 'The note says: "{t}"', "{t}."]
 
 
-def _gloss(s) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"^\([^)]*\)\s*", "", s["def"]).split(";")[0].strip())
-
-
 def other_senses(syn, idx, words) -> list:
     """(word, gloss) of each given noun's second to fourth WordNet senses: definitions the dictionary
     tool can return that are not the one a fact taught (whose gloss is the first sense's)."""
@@ -1024,7 +1020,7 @@ def other_senses(syn, idx, words) -> list:
     for w in words:
         info = idx.get((w.replace(" ", "_"), "n"))
         for key in (info or {}).get("synsets", [])[1:4]:
-            g = _gloss(syn[key])
+            g = E._gloss(syn[key]["def"])
             if 2 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g):
                 out.append((w, g))
     return out
@@ -1034,7 +1030,7 @@ def span_drills(rng, syn, n, skipped, exclude) -> list:
     """Copying drills of whole spans: a WordNet gloss of 5-14 words (any part of speech, none naming
     a subject that `skipped`, a regex of them in lower case, finds) asked back; the reply is the
     gloss exactly."""
-    pool = sorted({g for g in (_gloss(s) for s in syn.values())
+    pool = sorted({g for g in (E._gloss(s["def"]) for s in syn.values())
                    if 5 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g) and not skipped.search(g.lower())})
     out = []
     for t in rng.sample(pool, min(n, len(pool))):

@@ -51,6 +51,24 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
+def cached_prompt(ad, context: int):
+    """A chat prompt of about `context` tokens prefilled into a prefix cache (all but its last
+    token): (ids, the cache, the prefill's seconds, synchronised)."""
+    ids = padded_chat_prompt(ad, "Summarise the text above in one sentence.", context)
+    pc = PrefixCache(2**40)
+    mx.synchronize()
+    t0 = time.perf_counter()
+    cache_prompt(ad, Prompt(tuple(ids), (len(ids) - 1,)), pc)
+    mx.synchronize()
+    return ids, pc, time.perf_counter() - t0
+
+
+def prefilled(ad, context: int):
+    """cached_prompt's prompt restored from its cache: (ids, (cache, draft, hidden))."""
+    ids, pc, _ = cached_prompt(ad, context)
+    return ids, restored(ad, pc, ids)
+
+
 def restored(ad, pc: PrefixCache, ids):
     """A cache, the head's history and the last hidden as the prefix cache restores them (all
     but the prompt's last token)."""
@@ -120,13 +138,7 @@ def decode(ad, pc, ids, lane: str, tokens: int):
 
 
 def one_context(ad, context: int, tokens: int) -> dict:
-    ids = padded_chat_prompt(ad, "Summarise the text above in one sentence.", context)
-    pc = PrefixCache(2**40)
-    mx.synchronize()
-    t0 = time.perf_counter()
-    cache_prompt(ad, Prompt(tuple(ids), (len(ids) - 1,)), pc)
-    mx.synchronize()
-    prefill_s = time.perf_counter() - t0
+    ids, pc, prefill_s = cached_prompt(ad, context)
     cache, draft, hidden = restored(ad, pc, ids)
     measured = step_costs(ad, cache, draft, hidden, ids)
     step = measured["seconds"][1]

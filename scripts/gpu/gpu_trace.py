@@ -39,21 +39,10 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from adapters import load_adapter  # noqa: E402
-from core import PrefixCache, Prompt  # noqa: E402
-from core.chat import padded_chat_prompt  # noqa: E402
-from core.stream import cache_prompt  # noqa: E402
-from scripts.gpu.gpu_long import restored, step_fns  # noqa: E402
+from scripts.gpu.gpu_long import prefilled, step_fns  # noqa: E402
 from scripts.gpu.gpu_profile import primitive_kinds  # noqa: E402
 
 PAUSE_S = 0.003    # between calls: the GPU idle, so one call's kernels never run inside the next
-
-
-def prefilled(ad, context: int):
-    """A chat prompt of about `context` tokens, prefilled: (ids, (cache, draft, hidden))."""
-    ids = padded_chat_prompt(ad, "Summarise the text above in one sentence.", context)
-    pc = PrefixCache(2**40)
-    cache_prompt(ad, Prompt(tuple(ids), (len(ids) - 1,)), pc)
-    return ids, restored(ad, pc, ids)
 
 
 def parts(ad, cache, draft, hidden, ids) -> dict:
