@@ -17,8 +17,7 @@ DEMO_MODEL_DIR = REPO_ROOT / "models" / "demo"
 
 
 # What gpu_trials may name (adapters/qwen3_5/backends.py reads them).
-GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-support",
-              "norm-prologue")
+GPU_TRIALS = ("submit", "swiglu", "verify-submit", "batch-verify-wait", "batch-submit", "topk-mlx", "topk-support")
 # Trials that became the default once measured to pay: still accepted, they change nothing.
 GPU_TRIALS_ADOPTED = ("two-tiles", "topk-kernel", "topk-draw")
 
@@ -93,10 +92,7 @@ class Settings(BaseSettings):
     # handed every 8 layers), "topk-mlx" (the sampler's top-k supports through MLX's ops instead of
     # the default CUDA kernel, to pair them), "topk-support" (the kernel's support with categorical's
     # draw after it, ~8 launches, where by default the kernel also draws the token by inverse CDF from
-    # one uniform a row; to pair them), "norm-prologue" (a layer's input and post-attention RMSNorms
-    # computed inside the row kernel that reads them, 2 launches fewer a layer: its rows are each
-    # row alone, checked at load, but it rounds the norm's sum in its own order, so its logits differ
-    # from the default's to rounding, in both lanes alike). Each keeps every row's bits (checked at load), so it
+    # one uniform a row; to pair them). Each keeps every row's bits (checked at load), so it
     # only moves speed; the top-k kernel keeps the sampler's distribution (its supports checked at
     # load against MLX's ops) but orders the kept columns its own way, so a given seed draws other
     # tokens with "topk-mlx" than without. ("two-tiles", 9-16 rows in one matmul launch, is the

@@ -185,33 +185,6 @@ def _rows_change(product, x: mx.array, y: mx.array) -> Optional[int]:
     return next((m for m in range(1, x.shape[0]) if not bool(mx.array_equal(product(x[:m]), y[:m]))), None)
 
 
-def check_norm_prologue(seed: int = 0) -> Optional[str]:
-    """The row kernel with its RMSNorm prologue ("norm-prologue" trial) against mx.fast.rms_norm then
-    the row kernel: equal to rounding (the sum of squares goes in another order), and each row's bits
-    the same whatever the row count (what a verify row equal to a decode row rests on). None if so."""
-    kw, kx, kn = mx.random.split(mx.random.key(seed), 3)
-    w = mx.random.normal((64, 512), key=kw).astype(mx.bfloat16)
-    wq, s, b = mx.quantize(w, group_size=64, bits=4)
-    x = (3.0 * mx.random.normal((cuda_qmm.TILE_ROWS, 512), key=kx)).astype(mx.bfloat16)
-    nw = (1.0 + 0.1 * mx.random.normal((512,), key=kn)).astype(mx.bfloat16)
-    eps = mx.array([1e-6], dtype=mx.float32)
-    ref = cuda_qmm.quantized_matmul_rows(mx.fast.rms_norm(x, nw, 1e-6), wq, s, b, 4, 64)
-    got = cuda_qmm.quantized_matmul_rows(x, wq, s, b, 4, 64, norm=(nw, eps))
-    err = rel_err(got, ref)
-    if not err <= 0.02:
-        return f"the norm prologue differs from rms_norm then the product by {err:.2e} (relative)"
-    m = _rows_change(lambda xs: cuda_qmm.quantized_matmul_rows(xs, wq, s, b, 4, 64, norm=(nw, eps)), x, got)
-    return None if m is None else f"the norm prologue's rows change with the row count ({m} vs {cuda_qmm.TILE_ROWS})"
-
-
-def norm_prologue_verdict() -> Optional[str]:
-    """check_norm_prologue once a load: None where it passes, else why not."""
-    try:
-        return check_norm_prologue()
-    except Exception as e:  # a compile or launch failure: the norms stay their own launches
-        return f"the norm prologue failed: {type(e).__name__}: {e}"
-
-
 def self_check(backend: str, seed: int = 0, row_kernel: bool = True, fused_gdn: bool = False,
                fused_attention: bool = False) -> Optional[str]:
     """Run the kernels once against plain ops; None if they agree, else why not.

@@ -280,57 +280,6 @@ QMM_SOURCE = r"""
 """
 
 
-# The RMSNorm prologue (the "norm-prologue" trial): the layer's norm before its projections computed
-# as the kernel loads x, one launch fewer a norm. Each block first finds the 1 / rms of its tile's
-# rows (a warp a row, lanes over k in a fixed order, a fixed shuffle tree): a function of the row
-# alone, so a verify row is still the decode step's row. Only the norm variant's source carries it
-# (the others keep their names, and the compiled kernels cached for them).
-QMM_NORM_HEADER = r"""
-// An RMSNorm input (a layer's input or post-attention norm before its projections): 8 values of
-// x, the norm's 8 weights, the row's 1 / rms -> w * (x * inv) rounded as mx.fast.rms_norm rounds it
-// (x * inv in fp32 rounded to T, then the product with w rounded to T).
-template <typename T>
-__device__ __forceinline__ uint4 qmm_norm(uint4 xv, uint4 wv, float inv) {
-  const T* xp = reinterpret_cast<const T*>(&xv);
-  const T* wp = reinterpret_cast<const T*>(&wv);
-  uint4 out;
-  T* op = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const T y = static_cast<T>(static_cast<float>(xp[e]) * inv);
-    op[e] = static_cast<T>(static_cast<float>(wp[e]) * static_cast<float>(y));
-  }
-  return out;
-}
-"""
-_NORM_PRE = r"""
-  __shared__ float inv_s[8];
-  for (int r = warp; r < 8; r += W) {
-    const int xrow = c0 + r;
-    float ss = 0.f;
-    if (xrow < M) {
-      for (int k = lane * 8; k < K; k += 256) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * K + k));
-        const T* vp = reinterpret_cast<const T*>(&v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) { const float f = static_cast<float>(vp[e]); ss += f * f; }
-      }
-    }
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) inv_s[r] = rsqrtf(ss / static_cast<float>(K) + eps[0]);
-  }
-  __syncthreads();
-"""
-_LOOP = "  for (int base = warp; base < n_chunks; base += U * W) {"
-_XLOAD = "__ldg(reinterpret_cast<const uint4*>(x + (size_t)xrow * K + k0 + 8 * i))"
-_XNORM = ("qmm_norm<T>(" + _XLOAD + ", __ldg(reinterpret_cast<const uint4*>(nw + k0 + 8 * i)), inv_s[g])")
-
-
-def _norm_source(source: str) -> str:
-    assert source.count(_LOOP) == 1 and source.count(_XLOAD) == 1, "the row kernel's source moved"
-    return source.replace(_LOOP, _NORM_PRE + _LOOP).replace(_XLOAD, _XNORM)
-
-
 def qmm_supported(x_shape, x_dtype, w_shape, scales_dtype, bits: int, group_size: int,
                   mode: str = "affine", has_biases: bool = True, swiglu: bool = False) -> bool:
     """Whether quantized_matmul_rows can serve x [..., K] @ dequant(w [N, K*bits/32]).T (with
@@ -385,31 +334,26 @@ _RESIDUAL = "out = static_cast<T>(static_cast<float>(out) + static_cast<float>(r
 
 
 @lru_cache(maxsize=None)
-def _qmm_kernel(residual: bool, swiglu: bool = False, norm: bool = False):
-    source = QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else "")
-    source = _strip(_norm_source(source) if norm else source)
-    header = _strip(QMM_HEADER + (QMM_NORM_HEADER if norm else ""))
+def _qmm_kernel(residual: bool, swiglu: bool = False):
+    source = _strip(QMM_SOURCE.replace("QMM_RESIDUAL", _RESIDUAL if residual else ""))
     return jit_cache.cuda_kernel(
-        name=versioned("mtp_qmv" + ("_swiglu" if swiglu else "") + ("_norm" if norm else "") + ("_res" if residual else ""),
-                       source, header),
-        input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []) + (["nw", "eps"] if norm else []),
+        name=versioned("mtp_qmv" + ("_swiglu" if swiglu else "") + ("_res" if residual else ""), source,
+                       _strip(QMM_HEADER)),
+        input_names=["x", "w", "scales", "biases"] + (["res"] if residual else []),
         output_names=["y"],
         source=source,
-        header=header,
+        header=_strip(QMM_HEADER),
     )
 
 
 def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                           bits: int, group_size: int, residual: Optional[mx.array] = None,
-                          config: Optional[Tuple[int, int]] = None, swiglu: bool = False,
-                          norm: Optional[Tuple[mx.array, mx.array]] = None) -> mx.array:
+                          config: Optional[Tuple[int, int]] = None, swiglu: bool = False) -> mx.array:
     """x [..., K] (1-16 rows) @ dequant(w).T -> [..., N], one launch, weights read once for all
     rows (9-16: two tiles of 8 token rows, each in its own blocks and computed as in one tile);
     `residual` [..., N] is added to the rounded product (as `residual + x @ w.T` would).
     `swiglu`: x is an MLP's gate|up [..., 2K] and the input is silu(gate) * up (swiglu_rows),
-    computed as the kernel reads it. `norm` (weight [K], eps as a 1-element fp32 array): x is
-    the un-normalised input and the product's input is rms_norm(x) (the "norm-prologue" trial;
-    not with `swiglu`).
+    computed as the kernel reads it.
 
     The caller checks qmm_supported first (gpu_decode does). `config` overrides qmm_config
     (benchmarks only: a row's bits depend on it)."""
@@ -418,9 +362,8 @@ def quantized_matmul_rows(x: mx.array, w: mx.array, scales: mx.array, biases: mx
     K = x.shape[-1] // 2 if swiglu else x.shape[-1]
     rows = x.size // x.shape[-1]
     template, grid, block = _launch(x.dtype, bits, group_size, N, K, config, swiglu, -(-rows // TILE_ROWS))
-    inputs = [x, w, scales, biases] + ([] if residual is None else [residual]) + (list(norm) if norm else [])
-    (y,) = _qmm_kernel(residual is not None, swiglu, norm is not None)(
-        inputs=inputs,
+    (y,) = _qmm_kernel(residual is not None, swiglu)(
+        inputs=[x, w, scales, biases] if residual is None else [x, w, scales, biases, residual],
         template=template, grid=grid, threadgroup=block,
         output_shapes=[(*x.shape[:-1], N)], output_dtypes=[x.dtype],
     )

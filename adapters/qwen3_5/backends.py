@@ -133,7 +133,7 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
     """The backend for a model whose attention layers use `ropes`, decided once at load; `fused`
     forces the fused CUDA kernels on or off (None: FUSED_GDN / FUSED_ATTENTION); `trials` turns
     on kernel changes not yet measured to pay (settings.gpu_trials: submit, swiglu, verify-submit,
-    batch-verify-wait, batch-submit, topk-mlx, topk-support, norm-prologue)."""
+    batch-verify-wait, batch-submit, topk-mlx, topk-support)."""
     log = log or (lambda m: print(f"mtp-chat: {m}", file=sys.stderr))
     device = device or mx.default_device()
     sampling.use_row_topk(None)   # MLX's ops unless the CUDA kernel below passes its check
@@ -173,11 +173,6 @@ def choose(compute_dtype: str, ropes, *, compiled: bool = True, gpu_kernels: boo
                 else:
                     said += f"; sampled supports through MLX's ops ({why_topk})"
             few.swiglu_mlp = "swiglu" in trials and kb == "cuda"
-            if "norm-prologue" in trials and kb == "cuda":
-                why_norm = kernels.norm_prologue_verdict()
-                few.norm_prologue = why_norm is None
-                if why_norm is not None:
-                    said += f"; norms stay their own launches ({why_norm})"
             if trials:
                 said += f"; trials on: {', '.join(sorted(trials))}"
             if kb == "cuda" and not cuda_graphs_on():

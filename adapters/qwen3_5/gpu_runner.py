@@ -63,7 +63,6 @@ class GpuKernels(MlxOps):
         self._row_limits: Dict[tuple, int] = {}   # MLX's own matmul: rows a call keeps as alone, per shape
         self.said: List[str] = []                 # what the row checks found (the load note reads it)
         self._gdn_inputs: Dict[int, tuple] = {}
-        self._norm_eps: Dict[int, mx.array] = {}
         self._lock = threading.Lock()
 
     compiled_layers = False
@@ -73,9 +72,6 @@ class GpuKernels(MlxOps):
     # at the 9B shape, with the GPU idle). "swiglu": dense_mlp below.
     submit_every = 0
     swiglu_mlp = False
-    # "norm-prologue": a layer's input and post-attention RMSNorms computed inside the row kernel
-    # that reads them (kernels/cuda_qmm.py), 2 launches fewer a layer; checked at load.
-    norm_prologue = False
     # A verify of several sequences goes to the GPU every 8 layers (the "submit" trial's way, for
     # it alone): MTP's aggregate at 4 requests on the H200 +14 % on the means of 4 pairs, ahead in 5
     # of 6 pairs, where one sequence's verify lost ~8 % (docs/bench/2026-12-03/GPU.md, sections 15
@@ -94,37 +90,18 @@ class GpuKernels(MlxOps):
             return _kernel_rows(x, m["weight"], m["scales"], m["biases"], m.bits, m.group_size, residual)
         return super().linear_add(m, x, residual)
 
-    def linears(self, modules, x, norm=None):
+    def linears(self, modules, x):
         joined = self._joined(modules, x)
         if joined is None:
-            return super().linears(modules, x, norm)
-        return mx.split(self._normed_rows(x, joined, norm), joined.ends[:-1], axis=-1)
+            return super().linears(modules, x)
+        y = _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
+        return mx.split(y, joined.ends[:-1], axis=-1)
 
-    def _normed_rows(self, x, joined: "_Fused", norm):
-        """The joined product of norm(x) (of x without `norm`): with the "norm-prologue" trial the
-        row kernel computes a plain RMSNorm as it loads x, one launch fewer."""
-        prologue = None
-        if norm is not None and self.norm_prologue and type(norm) is nn.RMSNorm and norm.weight.dtype == x.dtype:
-            prologue = (norm.weight, self._eps(norm))
-        elif norm is not None:
-            x = self.norm(norm, x)
-        return _kernel_rows(x, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size,
-                            norm=prologue)
-
-    def _eps(self, norm) -> mx.array:
-        # made on a layer's first (eager) call, never inside a trace (as _gdn_inputs)
-        eps = self._norm_eps.get(id(norm))
-        if eps is None:
-            eps = self._norm_eps[id(norm)] = mx.array([norm.eps], dtype=mx.float32)
-            mx.eval(eps)
-        return eps
-
-    def dense_mlp(self, m, x, residual, norm=None):
+    def dense_mlp(self, m, x, residual):
         # gate|up as one product, then down_proj reading silu(gate) * up as it loads its input
         # (no split, no activation launch) and adding the residual: two launches for the MLP.
         if not self.swiglu_mlp:
             return None
-        x = x if norm is None else self.norm(norm, x)
         joined = self._joined((m.gate_proj, m.up_proj), x)
         down = m.down_proj
         if joined is None or joined.ends[1] != 2 * joined.ends[0] \
@@ -173,7 +150,7 @@ class GpuKernels(MlxOps):
                     built += 1
         return built
 
-    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask, norm=None):
+    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         if not self.fused_gdn or mask is not None or p.project is not layers.separate_projections or xn.ndim != 3:
             return None
         at = p.attn
@@ -186,7 +163,7 @@ class GpuKernels(MlxOps):
             mx.eval(conv_w, cst)
             self._gdn_inputs[id(p)] = (conv_w, cst)
         conv_w, cst = self._gdn_inputs[id(p)]
-        proj = self._normed_rows(xn, joined, norm)
+        proj = _kernel_rows(xn, joined.weight, joined.scales, joined.biases, joined.bits, joined.group_size)
         # One launch for a batch: the kernel's blocks compute each sequence alone (batched == alone).
         return gdn_fused.gdn_fused(proj, tuple(joined.ends[:3]), conv_state, conv_w, p.neg_A, at.dt_bias,
                                    at.norm.weight, cst, state, (p.Hk, p.Hv, p.Dk, p.Dv, p.K))
@@ -434,19 +411,17 @@ def _kernel_fits(m, x) -> bool:
     return cuda_qmm.module_fits(m, min(_rows_of(x), MAX_ROWS), x.shape[-1], x.dtype)
 
 
-def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None, swiglu=False, norm=None):
+def _kernel_rows(x, w, scales, biases, bits, group_size, residual=None, swiglu=False):
     """The row kernel on x [..., K], 16 rows a launch where there are more (each row as alone);
-    `swiglu`: x is gate|up and the kernel's input silu(gate) * up; `norm`: (weight, eps) of an
-    RMSNorm the kernel applies to x as it loads it."""
+    `swiglu`: x is gate|up and the kernel's input silu(gate) * up."""
     rows, most = _rows_of(x), cuda_qmm.rows_per_launch()
-    kw = {"swiglu": swiglu} if norm is None else {"swiglu": swiglu, "norm": norm}
     if rows <= most:
-        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual, **kw)
+        return cuda_qmm.quantized_matmul_rows(x, w, scales, biases, bits, group_size, residual, swiglu=swiglu)
     K, N = x.shape[-1], w.shape[0]
     flat = x.reshape(rows, K)
     res = None if residual is None else residual.reshape(rows, N)
     y = mx.concatenate([cuda_qmm.quantized_matmul_rows(flat[i:i + most], w, scales, biases, bits, group_size,
-                                                       None if res is None else res[i:i + most], **kw)
+                                                       None if res is None else res[i:i + most], swiglu=swiglu)
                         for i in range(0, rows, most)])
     return y.reshape(*x.shape[:-1], N)
 

@@ -116,18 +116,16 @@ def fused_projections(ops, p: GdnParams, x: mx.array):
 
 
 # --------------------------------------------------------------------------- the MLP
-def mlp(ops, p: MlpParams, x: mx.array, residual: Optional[mx.array] = None, norm=None) -> mx.array:
+def mlp(ops, p: MlpParams, x: mx.array, residual: Optional[mx.array] = None) -> mx.array:
     """SwiGLU MLP, or routed experts: softmax router, top-k, renormalised scores, the chosen
-    experts' SwiGLU, plus a shared expert scaled by its sigmoid gate; `residual` + that. With
-    `norm`, the MLP's input is norm(x) (a backend may compute it inside the first product)."""
+    experts' SwiGLU, plus a shared expert scaled by its sigmoid gate; `residual` + that."""
     if p.experts is None:
         m = p.module
-        fused = ops.dense_mlp(m, x, residual, norm)  # a backend's kernels for it (the activation inside down_proj), or None
+        fused = ops.dense_mlp(m, x, residual)  # a backend's kernels for it (the activation inside down_proj), or None
         if fused is not None:
             return fused
-        gate, up = ops.linears((m.gate_proj, m.up_proj), x, norm)
+        gate, up = ops.linears((m.gate_proj, m.up_proj), x)
         return ops.linear_add(m.down_proj, ops.swiglu(gate, up), residual)
-    x = x if norm is None else ops.norm(norm, x)
     gates = mx.softmax(ops.linear(p.router, x), axis=-1, precise=True)
     inds = mx.argpartition(gates, kth=-p.top_k, axis=-1)[..., -p.top_k:]
     scores = mx.take_along_axis(gates, inds, axis=-1)
@@ -139,7 +137,7 @@ def mlp(ops, p: MlpParams, x: mx.array, residual: Optional[mx.array] = None, nor
 
 
 def residual_mlp(ops, layer: nn.Module, p: MlpParams, h: mx.array) -> mx.array:
-    return mlp(ops, p, h, residual=h, norm=layer.post_attention_layernorm)
+    return mlp(ops, p, ops.norm(layer.post_attention_layernorm, h), residual=h)
 
 
 # --------------------------------------------------------------------------- Gated-DeltaNet
@@ -154,11 +152,12 @@ def gdn_layer(ops, p: GdnParams, x: mx.array, conv_state: mx.array, state: mx.ar
     a partial acceptance commit without replaying tokens."""
     at = p.attn
     lead, S = x.shape[:-1], x.shape[-2]
-    fused = ops.gdn_middle(p, x, conv_state, state, mask, norm=p.layer.input_layernorm)  # a backend's one-launch middle, or None
+    xn = ops.norm(p.layer.input_layernorm, x)
+    fused = ops.gdn_middle(p, xn, conv_state, state, mask)  # a backend's one-launch middle, or None
     if fused is not None:
         o, conv_input, states = fused
     else:
-        qkv, z, b, a = p.project(ops, p, ops.norm(p.layer.input_layernorm, x))
+        qkv, z, b, a = p.project(ops, p, xn)
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
         conv_input = mx.concatenate([conv_state, qkv], axis=-2)
@@ -179,7 +178,8 @@ def attention_in(ops, p: AttnParams, x: mx.array, pos) -> Tuple[mx.array, mx.arr
     when x has no batch axis), the output gate [B, L, nh * hd]."""
     at = p.attn
     lead = x.shape[:-1]
-    q, k, v = ops.linears((at.q_proj, at.k_proj, at.v_proj), x, p.layer.input_layernorm)
+    xn = ops.norm(p.layer.input_layernorm, x)
+    q, k, v = ops.linears((at.q_proj, at.k_proj, at.v_proj), xn)
     q, gate = mx.split(q.reshape(*lead, p.nh, -1), 2, axis=-1)
     q = _heads(ops.norm(at.q_norm, q))
     k = _heads(ops.norm(at.k_norm, k.reshape(*lead, p.nkv, -1)))

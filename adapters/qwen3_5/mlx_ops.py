@@ -56,10 +56,8 @@ class MlxOps:
     def linear(self, m, x):
         return m(x)
 
-    def linears(self, modules, x, norm=None):
-        """Linears that share an input, each as its own product (a GPU runner fuses them); with
-        `norm` (the layer's RMSNorm before them) their input is norm(x)."""
-        x = x if norm is None else self.norm(norm, x)
+    def linears(self, modules, x):
+        """Linears that share an input, each as its own product (a GPU runner fuses them)."""
         return [self.linear(m, x) for m in modules]
 
     def linear_add(self, m, x, residual):
@@ -73,7 +71,7 @@ class MlxOps:
     def swiglu(self, gate, x):
         return swiglu(gate, x)
 
-    def dense_mlp(self, m, x, residual, norm=None):
+    def dense_mlp(self, m, x, residual):
         return None  # the MLP as layers.mlp writes it out
 
     def conv(self, p: GdnParams, conv_input, S):
@@ -88,10 +86,9 @@ class MlxOps:
     def gated_norm(self, m, y, z):
         return m(y, z)
 
-    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask, norm=None):
+    def gdn_middle(self, p: GdnParams, xn, conv_state, state, mask):
         """A Gated-DeltaNet layer from its normed input to out_proj's input in one launch:
-        (output, conv_input, states), or None where the backend has no such kernel. With `norm`,
-        xn is the layer's input before its norm."""
+        (output, conv_input, states), or None where the backend has no such kernel."""
         return None
 
     def attention_gated(self, p: AttnParams, q, k, v, gate, cache):

@@ -189,15 +189,6 @@ def collect(full: bool, project: str = PROJECT):
                 mx.zeros((12, 2 * 12288), dt), mx.zeros((4096, 12288 * 4 // 32), mx.uint32),
                 mx.zeros((4096, 12288 // 64), dt), mx.zeros((4096, 12288 // 64), dt), 4, 64,
                 residual=mx.zeros((12, 4096), dt), swiglu=True))
-        # the norm-prologue trial: a layer's RMSNorm inside q|k|v (4096 -> 6144 at the 9B's attention)
-        # and gate|up (4096 -> 24576), the weight's bits as the model's
-        for bits in (4, 8):
-            for N in (6144, 24576):
-                rec(f"qmm b{bits} g64 norm 4096->{N}{tag}",
-                    lambda bits=bits, N=N, dt=dt: cuda_qmm.quantized_matmul_rows(
-                        mx.zeros((3, 4096), dt), mx.zeros((N, 4096 * bits // 32), mx.uint32),
-                        mx.zeros((N, 4096 // 64), dt), mx.zeros((N, 4096 // 64), dt), bits, 64,
-                        norm=(mx.zeros((4096,), dt), mx.zeros((1,), mx.float32))))
         # the MLP's down projection reading silu(gate) * up from gate|up (9B: 12288 -> 4096)
         for bits in (4, 8):
             rec(f"qmm b{bits} g64 swiglu 12288->4096 +res{tag}",
