@@ -50,6 +50,14 @@
 #          with both settings alternated in one process (separate processes vary by 30 %: ninth session)
 #          -> OUT_DIR/qmv_tiles.json, batch_9b_tiles.json
 #   report scripts/gpu/gpu_report.py: OUT_DIR/gpu_bench.json with every figure and the targets
+#   exact512  gpu_exact.py over 512 tokens, each prompt padded to 64 and to 8k tokens, the prefix turns
+#          and the chi-square (the 9B shape) -> OUT_DIR/exact_512.json
+#   long3  gpu_long.py at 64 tokens of context in three processes, then at 8k -> long_64_{1,2,3}.json, long_8k.json
+#   batch4 bench_batch.py, 1 and 4 requests taking turns in 5 repeats, AR and MTP depth 2, 256 tokens -> batch_4.json
+#   oracle gpu_oracle.py: real cycles at the Qwythos acceptance, 256 tokens, 2 repeats -> oracle.json
+#   targets  scripts/gpu/gpu_targets.py: issue 32's done-when, figure by figure -> OUT_DIR/targets.json
+#   targets1 = "exact512 d2 targets" and targets2 = "long3 batch4 demo_depths oracle targets": the done-when
+#          in two runs of under 10 minutes each on one machine (the second reuses the first's checkpoint)
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
 #          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
 #          positions (a MoE verify routes every position: more experts touched than a decode step),
@@ -67,9 +75,11 @@ CKPT_MOE=${CKPT_MOE:-/tmp/mtp_chat_q35a3b}
 CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+STAGES=${STAGES//targets1/exact512 d2 targets}
+STAGES=${STAGES//targets2/long3 batch4 demo_depths oracle targets}
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
-if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* || "$STAGES" == *tiles* || "$STAGES" == *parity32k* ]]; then
+if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* || "$STAGES" == *tiles* || "$STAGES" == *parity32k* || "$STAGES" == *exact512* || "$STAGES" == *oracle* ]]; then
   $PY scripts/gpu/gpu_make_checkpoint.py --out "$CKPT" || exit 1
 fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
@@ -120,6 +130,19 @@ for stage in $STAGES; do
              --long-prompt 0 --streams 0 --json "$OUT/batch_9b_tiles.json" 2>&1 | grep -v "regex pattern" | tail -n 14 ;;
     nan) run $PY scripts/gpu/gpu_nan.py --json "$OUT/nan.json" | tail -n 30 ;;
     report) $PY scripts/gpu/gpu_report.py --dir "$OUT" --json "$OUT/gpu_bench.json" ;;
+    exact512) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_512.json" --tokens 512 \
+                --parity-context 64 --parity-context 8192 --skip parity costs 2>&1 | grep -v "regex pattern" ;;
+    long3) for k in 1 2 3; do
+             run $PY scripts/gpu/gpu_long.py --model "$CKPT" --context 64 --json "$OUT/long_64_$k.json" 2>&1 \
+               | grep -v "regex pattern" | tail -n 1
+           done
+           run $PY scripts/gpu/gpu_long.py --model "$CKPT" --context 8192 --json "$OUT/long_8k.json" 2>&1 \
+             | grep -v "regex pattern" | tail -n 1 ;;
+    batch4) run $PY scripts/bench/bench_batch.py --model "$CKPT" --requests 1 4 --tokens 256 --repeats 5 --long-prompt 0 \
+              --streams 0 --json "$OUT/batch_4.json" 2>&1 | grep -v "regex pattern" | tail -n 8 ;;
+    oracle) run $PY scripts/gpu/gpu_oracle.py --model "$CKPT" --tokens 256 --repeats 2 --json "$OUT/oracle.json" 2>&1 \
+              | grep -v "regex pattern" | tail -n 3 ;;
+    targets) $PY scripts/gpu/gpu_targets.py --dir "$OUT" --json "$OUT/targets.json" ;;
     agent|agent_warm|agent_restart)
            runs=$([ "$stage" = agent ] && echo "warm restart" || echo "${stage#agent_}")
            run $PY scripts/bench/agent_session.py --model "$CKPT" --system-tokens 20000 \
