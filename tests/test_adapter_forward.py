@@ -89,3 +89,27 @@ def _assert_caches_equal(a, b):
         else:  # Gated-DeltaNet: conv window and recurrent state
             same(ca[0], cb[0], "conv window differs")
             same(ca[1], cb[1], "recurrent state differs")
+
+
+def test_a_rollback_keeps_its_conv_window_as_a_view_of_the_verify(tiny_model_dir):
+    """The kept window is whole rows of the verify's conv input, left where they lie: mx.contiguous
+    copied them (MLX copies a slice more than 16 KB smaller than its buffer, every 9B verify's 24
+    Gated-DeltaNet layers on the GPU). At a 9B layer's width here, so that a copy would show."""
+    import numpy as np
+
+    from adapters.qwen3_5.adapter import Captured
+
+    adapter = load_adapter(tiny_model_dir)
+    cache = adapter.make_cache()
+    gdn = [j for j, c in enumerate(cache) if not hasattr(c, "offset")]   # the Gated-DeltaNet layers
+    width, C = 4, 8192
+    conv_input = mx.arange((3 + width) * C, dtype=mx.float32).reshape(1, 3 + width, C)
+    states = [mx.full((1, 2), float(t)) for t in range(width)]
+    mx.eval(conv_input, *states)
+    adapter.rollback(cache, Captured(width=width, gdn={j: (conv_input, states) for j in gdn}), keep=2)
+    i = gdn[0]
+    window = cache[i][0]
+    assert window.shape == (1, 3, C) and mx.array_equal(window, conv_input[:, 2:5]).item()
+    address = lambda a: np.array(a, copy=False).__array_interface__["data"][0]  # noqa: E731
+    assert address(window) == address(conv_input) + 2 * C * 4
+    assert mx.array_equal(cache[i][1], states[1]).item()
