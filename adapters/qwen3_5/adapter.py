@@ -192,10 +192,7 @@ class HybridAdapter:
             if i in gdn:
                 conv_input, states = gdn[i]
                 n_keep = conv_input.shape[1] - captured.width
-                # A view, not a copy: one sequence's kept window is a run of whole rows, row-contiguous
-                # as it lies (the CUDA kernels read it in place). mx.contiguous copies a slice more than
-                # 16 KB smaller than its buffer: at the 9B shape, from a verify of 2 on, 24 launches.
-                c[0] = conv_input[:, keep : keep + n_keep]
+                c[0] = layers.kept_window(conv_input, n_keep, keep)
                 c[1] = states[keep - 1]
                 c.stacked = None  # a batch's stacked rows are not this cache's any more (layers._stacked_states)
             else:

@@ -313,10 +313,8 @@ class CompiledGpuKernels(GpuKernels):
         def make():
             def step(x, conv_state, state):
                 # The conv window to keep is cut inside the compiled step: one primitive fewer a layer.
-                # A view of whole rows (row-contiguous, as the kernels read it), not mx.contiguous,
-                # which copies a slice much smaller than its buffer (a verify's 4+ positions).
                 x, conv_input, states = layers.gdn_layer(self, p, x, conv_state, state, capture=capture)
-                keep = conv_input[:, -(p.K - 1):]
+                keep = layers.kept_window(conv_input, p.K - 1)
                 return (x, keep, conv_input, *states) if capture else (x, keep, states[-1])
             return step
 

@@ -171,6 +171,16 @@ def gdn_layer(ops, p: GdnParams, x: mx.array, conv_state: mx.array, state: mx.ar
     return residual_mlp(ops, p.layer, p.mlp, h), conv_input, states
 
 
+def kept_window(conv_input: mx.array, n: int, start: Optional[int] = None) -> mx.array:
+    """The conv window a cache keeps: rows start .. start + n of conv_input [..., K-1+T, C] (the last n
+    when start is None). A view, not mx.contiguous: MLX copies a slice more than 16 KB smaller than its
+    buffer, which at the 9B shape (3 rows of 8,192 bf16 channels) is every verify of 2 positions or
+    more, 24 copies a step. One sequence's window is whole rows, row-contiguous as it lies, so the
+    kernels read it in place; the values are the same bits either way."""
+    start = conv_input.shape[-2] - n if start is None else start
+    return conv_input[..., start:start + n, :]
+
+
 # --------------------------------------------------------------------------- attention
 def attention_in(ops, p: AttnParams, x: mx.array, pos) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
     """Input norm, projections, q/k norms and partial RoPE at positions `pos` (the backend's):

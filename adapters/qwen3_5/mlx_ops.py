@@ -160,7 +160,7 @@ class MlxOps:
     def gdn(self, p: GdnParams, h, conv_state, state, capture: bool, mask):
         """-> (h', the conv window to keep, states, conv_input when capturing)."""
         h, conv_input, states = layers.gdn_layer(self, p, h, conv_state, state, capture=capture, mask=mask)
-        return h, mx.contiguous(conv_input[:, -(p.K - 1):]), states, (conv_input if capture else None)
+        return h, layers.kept_window(conv_input, p.K - 1), states, (conv_input if capture else None)
 
     def attention_in(self, p: AttnParams, x, pos):
         return layers.attention_in(self, p, x, pos)
