@@ -228,6 +228,9 @@ def test_phone_viewport_and_separate_histories(browser, app_url):
     # a new browser is a new user: its own (empty) history
     assert pg.locator("#chatbot [data-testid='user']").count() == 0
     for elem in ("#chat-input textarea", "#chat-send", "#chat-stop", "#chatbot"):
+        # waited for, not read at once: on a loaded 2-core host the button is laid out a moment
+        # after the textarea (is_visible() does not wait; CI failed on it once)
+        pg.locator(elem).wait_for(state="visible")
         assert pg.locator(elem).is_visible(), elem
     overflow = pg.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 1, f"page scrolls sideways by {overflow}px on a phone"
