@@ -257,6 +257,8 @@ def main():
                     help="wall-clock time (time.time()) by which training stops whatever --seconds says (a GPU call's limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--cpu-bf16", action="store_true",
+                    help="bf16 autocast on the CPU too (about 1.3x faster on a CPU with AVX-512 BF16)")
     a = ap.parse_args()
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -294,7 +296,7 @@ def main():
             prof.__enter__()
         opt.zero_grad(set_to_none=True)
         for mb, mw in zip(ids.split(a.micro_batch or a.batch), w.split(a.micro_batch or a.batch)):
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda" or a.cpu_bf16):
                 L = losses(model, mb, a.depth, a.mtp_w, a.distill, a.depth_w, a.distill_temp,
                            weights=weight_of[mw], reply=mw == 2, accept_w=aw)
             (L["total"] * mb.shape[0] / ids.shape[0]).backward()
