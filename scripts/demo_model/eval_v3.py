@@ -69,14 +69,14 @@ def json_eval(ad, words, n=20, max_tokens=80):
             "right_letters": sum(r["right"] for r in rows), "max_tokens": max_tokens, "rows": rows}
 
 
-def tools_eval(ad, items, seed=35, hold=False):
+def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
     from conversations import OTHER_TOOLS, tool_schema
     from core import AutoregressiveDecoder, SamplerConfig
     from core.chat import render
     from webapp.api.toolcalls import split_tool_calls
 
     rng = random.Random(seed)
-    lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=0.6, top_p=0.95, top_k=20))
+    lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=temperature, top_p=0.95, top_k=20))
     named = used = 0
     rows = []
     for i, e in enumerate(items):
@@ -109,7 +109,7 @@ def tools_eval(ad, items, seed=35, hold=False):
         used += uses
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses})
-    return {"requests": len(rows), "held_calls": hold, "named_offered_tool": named, "answers_using_result": used,
+    return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named, "answers_using_result": used,
             **call_counts(rows), "rows": rows}
 
 
@@ -139,6 +139,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--hold-calls", action="store_true",
                     help="tools: hold a call the model opens to the offered tools, as the API does for tool_choice auto")
+    ap.add_argument("--temperature", type=float, default=0.6,
+                    help="tools: the sampler's temperature (0.6 as the done-when; 0 shows whether a copy's slips "
+                         "are the model's own choice or the sampler's draw)")
     a = ap.parse_args()
     from adapters.runtime import preload_blas
 
@@ -156,7 +159,7 @@ def main():
         print(json.dumps({k: v for k, v in res["json"].items() if k != "rows"}), flush=True)
     if "tools" in a.parts:
         items = [json.loads(l) for l in open(a.tools_eval)][:50]
-        res["tools"] = tools_eval(ad, items, hold=a.hold_calls)
+        res["tools"] = tools_eval(ad, items, hold=a.hold_calls, temperature=a.temperature)
         print(json.dumps({k: v for k, v in res["tools"].items() if k != "rows"}), flush=True)
     res["seconds"] = round(time.time() - t0)
     if a.json:
