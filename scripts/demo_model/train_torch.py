@@ -257,6 +257,9 @@ def main():
                     help="wall-clock time (time.time()) by which training stops whatever --seconds says (a GPU call's limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--head-only", action="store_true",
+                    help="train the MTP head alone, the trunk frozen: what the model says stays bit for bit, "
+                         "only its drafts change")
     ap.add_argument("--cpu-bf16", action="store_true",
                     help="bf16 autocast on the CPU too (about 1.3x faster on a CPU with AVX-512 BF16)")
     a = ap.parse_args()
@@ -276,7 +279,9 @@ def main():
     P("params", n_par, "device", dev, vars(a))
     kernels = fast_kernels(model, dev, P, a.gdn_chunk)
     rng = np.random.default_rng(a.seed)
-    params = list(model.parameters())
+    if a.head_only:  # the tied embedding is the trunk's: the head's lm_head stays frozen with it
+        model.lm.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, a, dev)
     it = packed_batches(a.data, a.batch, a.seq, rng)
     weight_of = torch.tensor([0.0, a.other_w, 1.0], device=dev)  # pad, context, written
