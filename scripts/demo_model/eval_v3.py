@@ -109,8 +109,8 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
         used += uses
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses})
-    return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named, "answers_using_result": used,
-            **call_counts(rows), "rows": rows}
+    return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named,
+            "answers_using_result": used, **call_counts(rows), "rows": rows}
 
 
 def call_counts(rows) -> dict:
