@@ -97,6 +97,20 @@ def saved_history(page, demo) -> list:
     return json.loads(plain)
 
 
+def wait_saved(page, demo, check, what: str, timeout: float = 180) -> list:
+    """Wait until the history the page saved (what a reload restores) passes `check`: the page
+    writes it after a reply ends, so a changed localStorage may still be the previous turn's."""
+    import time
+
+    t0, history = time.time(), []
+    while time.time() - t0 < timeout:
+        history = saved_history(page, demo)
+        if check(history):
+            return history
+        time.sleep(0.1)
+    raise AssertionError(f"the saved history never {what}: {history!r:.500}")
+
+
 def screenshot_dir() -> Path:
     d = Path(os.environ.get("MTP_CHAT_SCREENSHOTS", "artifacts/screenshots"))
     d.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,7 @@ import base64
 import re
 
 from tests._pictures import VL, png
-from tests._webapp_helpers import make_host, needs_chromium, screenshot_dir, served
-from webapp.ui.page import HISTORY_KEY
+from tests._webapp_helpers import make_host, needs_chromium, screenshot_dir, served, wait_saved
 
 needs_chromium()
 
@@ -32,7 +31,7 @@ def send_and_wait(pg, text, n_stats):
 
 def test_a_pasted_picture_is_answered_kept_and_its_follow_up_cached(browser, tiny_checkpoint):
     host = make_host(tiny_checkpoint(**VL), temperature=0.0, top_p=1.0, top_k=0, max_tokens=24)
-    with served(host) as (url, _):
+    with served(host) as (url, demo):
         pg = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
         pg.set_default_timeout(TIMEOUT)
         pg.goto(url)
@@ -43,7 +42,6 @@ def test_a_pasted_picture_is_answered_kept_and_its_follow_up_cached(browser, tin
         send_and_wait(pg, "What is in the picture?", 1)
         pg.wait_for_selector("#chatbot [data-testid='user'] img")     # shown in the history
         assert pg.locator("#chatbot [data-testid='bot']").first.inner_text().strip()
-        stored = pg.evaluate("k => localStorage.getItem(k)", HISTORY_KEY)
         send_and_wait(pg, "And its colours?", 2)
         pg.locator("#chatbot .thought").last.click()                  # open the stats: "N from the prefix cache"
         details = pg.locator("#chatbot .thought").last.inner_text()
@@ -51,7 +49,7 @@ def test_a_pasted_picture_is_answered_kept_and_its_follow_up_cached(browser, tin
         image_tokens = host.adapter.vision.processor.num_image_tokens(96, 80)
         assert cached >= image_tokens, details
         # the history, picture included, survives a reload
-        pg.wait_for_function("([k, before]) => localStorage.getItem(k) !== before", arg=[HISTORY_KEY, stored])
+        wait_saved(pg, demo, lambda h: "And its colours?" in str(h), "held the follow-up")
         pg.reload()
         pg.wait_for_selector("#chatbot [data-testid='user'] img")
         assert "And its colours?" in pg.inner_text("#chatbot")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, saved_history, screenshot_dir, served
+from tests._webapp_helpers import needs_chromium, LONG_PROMPT, make_host, screenshot_dir, served, wait_saved
 
 needs_chromium()
 
@@ -107,17 +107,6 @@ def test_chat_streams_and_shows_stats(page):
     assert page.outside_requests == [], "the page must not call out"
 
 
-def wait_saved(pg, check, what):
-    """Wait until the history the page saved (what a reload restores) passes `check`."""
-    t0 = time.time()
-    while time.time() - t0 < HANG:
-        history = saved_history(pg, DEMO[0])
-        if check(history):
-            return history
-        time.sleep(0.1)
-    raise AssertionError(f"the saved history never {what}: {history!r:.500}")
-
-
 def first_user(history):
     users = [m for m in history if m["role"] == "user"]
     return users[0]["content"][-1]["text"] if users else None
@@ -135,7 +124,7 @@ def test_regenerate_and_undo(page):
     page.click("#chat-undo")
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     assert page.locator("#chat-input textarea").input_value() == "Tell me a story"
-    wait_saved(page, lambda h: first_user(h) is None, "lost the undone exchange")
+    wait_saved(page, DEMO[0], lambda h: first_user(h) is None, "lost the undone exchange")
     time.sleep(1.0)
     assert page.locator("#chatbot [data-testid='user']").count() == 0
     page.fill("#chat-input textarea", "")
@@ -155,7 +144,7 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     # History lives in the browser (localStorage): a reload brings it back. The page saves it in a
     # request of its own after the reply ends; a reload before that request lands would lose it,
     # as a user's reload would: wait until the stopped reply is what the page saved.
-    wait_saved(page, lambda h: first_user(h) == LONG_PROMPT and "stopped" in str(h), "held the stopped reply")
+    wait_saved(page, DEMO[0], lambda h: first_user(h) == LONG_PROMPT and "stopped" in str(h), "held the stopped reply")
     page.reload()
     page.wait_for_selector("#chatbot [data-testid='user']")
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
@@ -179,7 +168,7 @@ def test_clear_or_undo_mid_stream_ends_the_reply_and_it_does_not_come_back(page,
     if button == "#chat-undo":                  # the question goes back into the box
         assert page.locator("#chat-input textarea").input_value() == LONG_PROMPT
         page.fill("#chat-input textarea", "")
-    wait_saved(page, lambda h: first_user(h) is None, "lost the withdrawn exchange")
+    wait_saved(page, DEMO[0], lambda h: first_user(h) is None, "lost the withdrawn exchange")
     page.reload()
     page.wait_for_selector("#chat-input textarea")
     time.sleep(1.0)
