@@ -8,30 +8,36 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_ports(n: int) -> List[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+def free_ports(n: int, avoid: Iterable[int] = ()) -> List[int]:
+    """n distinct free ports of 127.0.0.1, none in `avoid` (a port found earlier and released
+    since, such as the web app's: the kernel may hand it out again)."""
+    while True:
+        socks = [socket.socket() for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]
+        for s in socks:
+            s.close()
+        if not set(ports) & set(avoid):
+            return ports
 
 
-def hostfile(folder: Path, n: int) -> Path:
+def hostfile(folder: Path, n: int, avoid: Iterable[int] = ()) -> Path:
     f = folder / "hosts.json"
-    f.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
+    f.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n, avoid)]))
     return f
 
 
-def start_ranks(folder: Path, argv_of, n: int = 2, env: Optional[dict] = None) -> List[subprocess.Popen]:
-    """argv_of(rank) -> the command of that rank; stdout+stderr to folder/rank<r>.log."""
-    hosts = hostfile(folder, n)
+def start_ranks(folder: Path, argv_of, n: int = 2, env: Optional[dict] = None,
+                avoid: Iterable[int] = ()) -> List[subprocess.Popen]:
+    """argv_of(rank) -> the command of that rank; stdout+stderr to folder/rank<r>.log. The ring's
+    ports are none of `avoid`."""
+    hosts = hostfile(folder, n, avoid)
     procs = []
     for r in range(n):
         log = open(folder / f"rank{r}.log", "w")

@@ -13,6 +13,9 @@ finally (tests/_pipeline.py).
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -102,3 +105,73 @@ def test_the_split_balances_bytes_by_memory_and_gives_every_rank_a_layer():
     assert split_layers([1000, 1, 1, 1], 3) == [range(2, 4), range(1, 2), range(0, 1)]
     with pytest.raises(ValueError):
         split_layers([10] * 2, 3)
+
+
+# the web server's client, in a process of its own as it would be (in this one, a connection to
+# rank 1's address would be rank 0's ring connection by every measure)
+CLIENT = ("import socket, sys; c = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); c.settimeout(20); "
+          "print(c.recv(2).decode(), end='')")
+
+
+def _ring_listener() -> "socket.socket":
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as MLX's ring listens
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def _ends(s) -> tuple:
+    return s.getsockname()[:2], s.getpeername()[:2]
+
+
+def test_the_watchdog_cuts_the_ring_and_not_the_web_server_that_took_a_ring_port(monkeypatch):
+    """Rank 0's two ring connections (out to rank 1's address, in on its own), both ranks' ends in
+    this one process; then the web server listens on rank 1's port, free again once the ring
+    closed its listener (on one host every port comes from one pool). Only rank 0's two ring
+    connections are cut: the web server still accepts and its connection (to a client in another
+    process) still carries bytes."""
+    from adapters.pipeline.watchdog import sever_ring
+    from adapters.pipeline.wire import is_ring_connection, ring_sockets
+
+    l0, l1 = _ring_listener(), _ring_listener()
+    p0, p1 = l0.getsockname()[1], l1.getsockname()[1]
+    monkeypatch.setenv("MLX_HOSTFILE", json.dumps([[f"127.0.0.1:{p0}"], [f"localhost:{p1}"]]))
+    out = socket.create_connection(("127.0.0.1", p1))       # rank 0 connects to rank 1 ...
+    far_out, _ = l1.accept()                                 # ... (rank 1's end)
+    far_in = socket.create_connection(("127.0.0.1", p0))    # rank 1 connects to rank 0 ...
+    into, _ = l0.accept()                                    # ... (rank 0's end)
+    l0.close(), l1.close()
+    web = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    web.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    web.bind(("127.0.0.1", p1))
+    web.listen()
+    web.settimeout(20)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(p1)], stdout=subprocess.PIPE, text=True)
+    served = None
+    try:
+        served, _ = web.accept()
+        found = ring_sockets(0)
+        assert sorted(_ends(s) for s in found) == sorted([_ends(out), _ends(into)])
+        for s in found:
+            s.close()
+        assert sever_ring(0) == 2
+        far_out.settimeout(5), far_in.settimeout(5)
+        assert far_out.recv(1) == b"" and far_in.recv(1) == b""   # the ring is cut ...
+        served.sendall(b"ok")
+        assert client.communicate(timeout=20)[0] == "ok"          # ... the web server's connection is not
+        again = socket.create_connection(("127.0.0.1", p1))
+        web.accept()[0].close()                                   # and its listener still accepts
+        again.close()
+    finally:
+        client.kill()
+        for s in (out, far_out, far_in, into, web, served):
+            if s is not None:
+                s.close()
+    # a wildcard own address matches on the port; a name matches the addresses it resolves to
+    hosts = [[("0.0.0.0", 5000)], [("localhost", 6000)]]
+    assert is_ring_connection(("10.0.0.2", 5000), ("10.0.0.3", 40000), 0, hosts)
+    assert is_ring_connection(("127.0.0.1", 40000), ("127.0.0.1", 6000), 0, hosts)
+    assert not is_ring_connection(("127.0.0.1", 6000), ("127.0.0.1", 40000), 0, hosts)
+    assert not is_ring_connection(("127.0.0.1", 40000), ("10.9.9.9", 6000), 0, hosts)

@@ -4,12 +4,14 @@ after a client disconnected mid-reply; then rank 1 stops answering (SIGSTOP) wit
 flight, and is killed: the request fails with a 503 error
 object naming rank 1 within 10 s of the kill, rank 0 logs one line, and the next request is
 refused at once. A second server, with --pipeline-timeout 3, shows a silent rank (SIGSTOP only)
-failing the request in flight after the timeout instead of hanging. One race in a real browser
+failing the request in flight after the timeout instead of hanging. A web port that is rank 0's
+own ring port is refused at start (its connections would look like the ring's). One race in a real browser
 (Debian chromium driven by Playwright) runs both lanes through the pipeline. Every wait has a
 timeout; both ranks are killed in a finally.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -29,7 +31,7 @@ def _serve(tmp_path, model, *extra, port=None):
     argv = [sys.executable, "-m", "webapp", "--distributed", "--model", str(model), "--port", str(port),
             "--no-warmup", *extra]
     for attempt in range(3):  # new ring ports when one was taken between finding and binding it
-        procs = start_ranks(tmp_path, lambda r: argv, env={"MTP_CHAT_CACHE_DIR": ""})
+        procs = start_ranks(tmp_path, lambda r: argv, env={"MTP_CHAT_CACHE_DIR": ""}, avoid=[port])
         deadline = time.time() + 90
         while "press Ctrl+C" not in (tmp_path / "rank0.log").read_text():
             if not all(p.poll() is None for p in procs) and bind_failed(tmp_path, 2) and attempt < 2:
@@ -109,6 +111,27 @@ def test_a_silent_worker_fails_the_request_after_the_timeout(model, tmp_path):
         assert time.time() - t0 < 10
     finally:
         stop(procs)
+
+
+def test_a_web_port_that_is_rank_0s_ring_port_is_refused_with_what_to_do(model, tmp_path):
+    def argv(rank):
+        ring_port = json.loads((tmp_path / "hosts.json").read_text())[0][0].rsplit(":", 1)[1]
+        return [sys.executable, "-m", "webapp", "--distributed", "--model", str(model), "--port", ring_port,
+                "--no-warmup"]
+
+    for attempt in range(3):   # new ring ports when one was taken between finding and binding it
+        procs = start_ranks(tmp_path, argv, env={"MTP_CHAT_CACHE_DIR": ""})
+        try:
+            code = procs[0].wait(timeout=60)
+        finally:
+            stop(procs)
+        if not bind_failed(tmp_path, 2):
+            break
+    text = (tmp_path / "rank0.log").read_text()
+    assert code == 2 and "is this rank's ring port in MLX_HOSTFILE" in text and "pass another --port" in text, text
+    assert "press Ctrl+C" not in text
+    worker = (tmp_path / "rank1.log").read_text()
+    assert "a rank left before the ranks compared checkpoints" in worker and "Traceback" not in worker, worker
 
 
 def test_one_race_in_a_real_browser_runs_both_lanes_through_the_pipeline(model, tmp_path):

@@ -130,6 +130,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         rank, group = distributed.rank_of(args.distributed)
         if rank != 0:   # a worker: no HTTP port, follows rank 0 until it stops
             return distributed.serve_worker(model_dir, settings, group, args.distributed, log=say)
+        clash = distributed.port_clash(settings.port, rank)
+        if clash:
+            print(f"mtp-chat: {clash}", file=sys.stderr)
+            return 2
         load = distributed.loader(group, args.distributed, args.pipeline_timeout)
 
     shutdown = Shutdown(log=say).install()   # from here on Ctrl+C / SIGTERM exit 0, never abort

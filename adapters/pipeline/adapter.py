@@ -60,7 +60,7 @@ class PipelineAdapter:
         self._hidden = local.contract.hidden_size
         self.timeout, self.log = timeout, log
         self.down: Optional[str] = None   # why the pipeline is down, once it is
-        self._watchdog = Watchdog(timeout, sever_ring) if link.size > 1 else None
+        self._watchdog = Watchdog(timeout, lambda: sever_ring(link.rank)) if link.size > 1 else None
         # Where a forward's time goes: waiting on the wire in all, of it the other ranks' compute.
         self.wire_seconds = self.remote_seconds = 0.0
         self.forwards = 0

@@ -99,7 +99,11 @@ def start(path: Union[str, Path], group=None, *, backend: str = "ring", log: Cal
     group = group or init(backend)
     link = Link(group)
     ckpt, config = open_checkpoint(path)
-    everyone = link.gather(code_fingerprint() + checkpoint_fingerprint(Path(ckpt)) + [memory_mb()])
+    try:
+        everyone = link.gather(code_fingerprint() + checkpoint_fingerprint(Path(ckpt)) + [memory_mb()])
+    except RuntimeError as exc:   # a rank that refused to start (its own output says why) or died
+        raise PipelineError(f"rank {link.rank}: a rank left before the ranks compared checkpoints ({exc}); "
+                            f"its output says why; exiting") from None
     check_ranks(everyone, Path(ckpt))
     if config.get("model_type") not in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
         raise CheckpointError(f"{ckpt}: the pipeline runs the Qwen hybrid families (qwen3_5, qwen3_5_moe, "

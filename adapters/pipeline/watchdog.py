@@ -18,9 +18,9 @@ from typing import Callable, Optional
 from .wire import ring_sockets
 
 
-def sever_ring() -> int:
-    """Shut down every TCP connection of this process to or from a hostfile address; returns how many."""
-    socks = ring_sockets()
+def sever_ring(rank: int) -> int:
+    """Shut down this rank's ring connections (wire.ring_sockets); returns how many."""
+    socks = ring_sockets(rank)
     for s in socks:
         try:
             s.shutdown(socket.SHUT_RDWR)

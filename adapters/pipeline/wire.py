@@ -14,6 +14,7 @@ free a snapshot): they ride on the next command, so a verify's commit costs no m
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -29,39 +30,93 @@ SIZE = 9 + 3 * MAX_ITEMS
 DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
-def ring_addresses() -> Set[Tuple[str, int]]:
-    """The (host, port) pairs of MLX_HOSTFILE (a path or the JSON itself: [["ip:port", ...], ...])."""
+def ring_addresses() -> List[List[Tuple[str, int]]]:
+    """Each rank's (host, port) pairs, from MLX_HOSTFILE (a path or the JSON itself:
+    [["ip:port", ...], ...], one list per rank)."""
     raw = os.environ.get("MLX_HOSTFILE", "")
     try:
         text = open(raw).read() if raw and os.path.exists(raw) else raw
         hosts = json.loads(text) if text else []
     except (OSError, ValueError):
-        return set()
-    out = set()
-    for entry in hosts:
+        return []
+    out = []
+    for entry in hosts if isinstance(hosts, list) else []:
+        pairs = []
         for addr in entry if isinstance(entry, list) else [entry]:
             if isinstance(addr, str) and ":" in addr:
                 host, port = addr.rsplit(":", 1)
-                out.add((host, int(port)))
+                if port.isdigit():
+                    pairs.append((host.strip("[]"), int(port)))
+        out.append(pairs)
     return out
 
 
-def ring_sockets() -> List[socket.socket]:
-    """Duplicates of this process's TCP connections to or from a hostfile port: the ring backend's
-    (empty over jaccl or nccl). A duplicate's shutdown acts on the connection; its close does not."""
-    ports = {p for _, p in ring_addresses()}
+_WILDCARD = ("", "0.0.0.0", "::")
+
+
+@functools.lru_cache(maxsize=64)
+def _ips(host: str) -> Set[str]:
+    """The addresses a hostfile's host stands for (a name is resolved; an address is itself)."""
+    try:
+        return {ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)} | {host}
+    except OSError:
+        return {host}
+
+
+def _plain(ip: str) -> str:
+    return ip[7:] if ip.startswith("::ffff:") else ip
+
+
+def is_ring_connection(local: Tuple[str, int], peer: Tuple[str, int], rank: int,
+                       addresses: List[List[Tuple[str, int]]]) -> bool:
+    """Whether a connected TCP socket (its local and peer address) is one of the ring's: this rank
+    connected to a neighbour's listening address, or accepted a neighbour on its own. The ring
+    closes its listening sockets once connected, so the web server may later hold one of those
+    port numbers (on one host the ranks' ports and the HTTP port come from one pool): a port alone
+    does not make a ring socket, the whole address does."""
+    (lhost, lport), (phost, pport) = (_plain(local[0]), local[1]), (_plain(peer[0]), peer[1])
+    for r, pairs in enumerate(addresses):
+        for host, port in pairs:
+            if r == rank:
+                if lport == port and (host in _WILDCARD or lhost in _ips(host)):
+                    return True
+            elif pport == port and phost in _ips(host):
+                return True
+    return False
+
+
+def own_ports(rank: int) -> Set[int]:
+    """This rank's listening ports in MLX_HOSTFILE (the web app must not take one: its
+    connections would look like the ring's)."""
+    addresses = ring_addresses()
+    return {p for _, p in addresses[rank]} if 0 <= rank < len(addresses) else set()
+
+
+def ring_sockets(rank: int) -> List[socket.socket]:
+    """Duplicates of this process's ring connections (empty over jaccl or nccl). A duplicate's
+    shutdown acts on the connection; its close does not."""
+    addresses = ring_addresses()
     folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    out = []
+    out, mine = [], set()
     for name in os.listdir(folder):
         try:
-            s = socket.socket(fileno=os.dup(int(name)))
+            if int(name) in mine:   # the listing's own descriptor, closed since, reused by a duplicate
+                continue
+            fd = os.dup(int(name))
         except (OSError, ValueError):
             continue
+        mine.add(fd)
         try:
-            if s.type == socket.SOCK_STREAM and (s.getsockname()[1] in ports or s.getpeername()[1] in ports):
+            s = socket.socket(fileno=fd)
+        except OSError:    # not a socket
+            os.close(fd)
+            continue
+        try:
+            if (s.type == socket.SOCK_STREAM and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                    and is_ring_connection(s.getsockname()[:2], s.getpeername()[:2], rank, addresses)):
                 out.append(s)
                 continue
-        except (OSError, IndexError, TypeError):
+        except (OSError, IndexError, TypeError, ValueError):
             pass
         s.close()
     return out
@@ -109,7 +164,7 @@ class Link:
         5 s wait, measured here), and on one host the waiting ranks slow the working one. Only
         the previous rank ever sends to this one, so any ring socket readable means it has."""
         if self._socks is None:
-            self._socks = ring_sockets()
+            self._socks = ring_sockets(self.rank)
         while self._socks and not select.select(self._socks, [], [], 1.0)[0]:
             pass
 

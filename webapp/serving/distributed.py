@@ -10,7 +10,7 @@ forward; core loops over a batch's sequences).
 from __future__ import annotations
 
 import sys
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 
 def prepare(settings):
@@ -24,6 +24,18 @@ def rank_of(backend: str):
 
     group = init(backend)
     return group.rank(), group
+
+
+def port_clash(port: int, rank: int) -> Optional[str]:
+    """Why the web app cannot take `port` on this rank, if it cannot: the ring's own port is free
+    to bind again once the ranks are connected, but then the server's connections would look like
+    the ring's (a silent rank's watchdog cuts the ring's connections)."""
+    from adapters.pipeline.wire import own_ports
+
+    if port and port in own_ports(rank):
+        return (f"--port {port} is this rank's ring port in MLX_HOSTFILE; the web app needs a port of its own: "
+                f"pass another --port (or another port in the hostfile)")
+    return None
 
 
 def serve_worker(model_dir, settings, group, backend: str, log: Callable[[str], None]) -> int:
