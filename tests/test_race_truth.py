@@ -193,14 +193,13 @@ def test_a_switch_quantum_switches_less_and_shows_the_same_time_on_both_lanes():
 
 # --- scripts/bench/bench_race.py's method (no timings asserted: they live in its JSON) -------------------
 def test_bench_race_interleaves_the_three_ways_as_a_palindrome_and_pools_to_its_token_budget(host, monkeypatch):
-    from scripts.bench import bench, bench_race
+    from scripts.bench import bench_race
 
     order = []
     for name in ("run_race", "run_alone", "run_bench"):
         real = getattr(bench_race, name)
         monkeypatch.setattr(bench_race, name, lambda *a, _real=real, _name=name, **k: (
             order.append(_name[4:] + ("" if _name == "run_race" else ":" + a[1])), _real(*a, **k))[1])
-    bench.adapter_tokenizer = host.tokenizer
     race = RaceHandlers(host, StopRegistry())
     params = parse_params(0.6, 0.95, 20, 0.0, 6, 0, "2", max_depth=host.max_depth)
     ids = host.prompt_ids([{"role": "user", "content": "Tell me about nouns"}], max_tokens=6)

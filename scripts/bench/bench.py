@@ -51,7 +51,7 @@ def run_ours(decoder, prompt_ids, max_tokens) -> dict:
         "cached_tokens": stats.cached_tokens,
         "prefilled_tokens": stats.prefilled_tokens,
         "prefill_seconds": stats.prefill_seconds,
-        "text": adapter_tokenizer.decode(ids),
+        "text": decoder.adapter.tokenizer.decode(ids),
     }
 
 
@@ -120,8 +120,6 @@ def main(argv=None) -> int:
     prompts = prompts or ["Define the word harbor."]
     print(describe_runtime(), file=sys.stderr)
     adapter = load_adapter(args.model, hidden_variant=args.hidden_variant, drafter=args.drafter)
-    global adapter_tokenizer
-    adapter_tokenizer = adapter.tokenizer
     print(adapter.describe(), file=sys.stderr)
     context = args.context[0] if args.context else None
     encoded = [

@@ -325,7 +325,6 @@ def main(argv=None) -> int:
     params = parse_params(args.temperature, args.top_p, args.top_k, args.min_p, args.max_tokens, 0, args.depth,
                           max_depth=host.max_depth)
     host.warmup(params, log=lambda m: print(m, file=sys.stderr))     # as the app does before serving
-    bench.adapter_tokenizer = host.tokenizer
     race = RaceHandlers(host, StopRegistry())
     if args.quantum is not None:
         race.quantum = args.quantum
