@@ -4,6 +4,7 @@ bench.py (AR / MTP / mlx_lm lanes, paired), bench_race.py (the race vs the lanes
 bench_batch.py, batch_graph.py (the graph a batch step builds on the host, per sequence),
 bench_turns.py, bench_disk_cache.py, bench_constrained.py, bench_waterfall.py, bench_distributed.py,
 bench_http_latency.py, bench_checkouts.py (two checkouts against each other),
+bench_models.py (checkpoints' MTP/AR paired in one process),
 family_bench.py (every family's tiny checkpoint), race_in_browser.py and idle_cpu.py (a real
 browser), api_conversation.py (a multi-turn chat through the HTTP API), agent_session.py (an
 agent's session through /v1/messages: does each turn prefill only its new tokens, warm and after a
