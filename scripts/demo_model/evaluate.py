@@ -43,13 +43,15 @@ def replies(ad, depth, max_tokens=256, n_everyday=100):
     t0 = time.time()
     for i, p in enumerate(heldout_prompts()):
         lane.seed = i
-        ids, st = lane.generate(chat_prompt_ids(ad, [{"role": "user", "content": p}]), max_tokens=max_tokens)
+        prompt = chat_prompt_ids(ad, [{"role": "user", "content": p}])
+        ids, st = lane.generate(prompt, max_tokens=max_tokens)
         if i < n_everyday:
             for d in range(min(depth, len(st.accepted_per_depth))):
                 acc[d] += st.accepted_per_depth[d]
                 prop[d] += st.proposed_per_depth[d]
-        out.append({"prompt": p, "reply": ad.tokenizer.decode(ids), "ids": ids, "finish": st.finish_reason})
-    res = loop_rate([(r["ids"], r["finish"] == "length") for r in out])
+        out.append({"prompt": p, "reply": ad.tokenizer.decode(ids), "ids": ids, "finish": st.finish_reason,
+                    "prompt_ids": prompt})
+    res = loop_rate([(r["ids"], r["finish"] == "max_tokens") for r in out], [r["prompt_ids"] for r in out])
     res["everyday_acceptance"] = [round(a / max(p, 1), 4) for a, p in zip(acc, prop)]
     res["everyday_proposed"] = prop
     res["mean_tokens_everyday"] = round(sum(len(r["ids"]) for r in out[:n_everyday]) / n_everyday, 1)

@@ -3,7 +3,11 @@
 occurs twice and the reply was cut by the limit, not ended by the model).
 
 v1 counted a 4-token phrase repeated 3+ times (10.7 % of its sampled replies); 4-token phrases
-recur in fine answers ("is a kind of", a list of synonyms), 8-token spans do not.
+recur in fine answers ("is a kind of", a list of synonyms), 8-token spans do not, except the
+prompt's own words: " Leonardo da Vinci" is 8 tokens in the demo's vocabulary, and a reply that
+names its subject in four sentences repeated it. So every run of 3 or more tokens that the prompt
+holds counts as one token before spans are counted (a reply that repeats the prompt over and
+over still loops: its runs are the same one token).
 
     python scripts/demo_model/loops.py models/demo --json docs/bench/demo-v2-loops.json
 
@@ -18,7 +22,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-SPAN, TIMES = 8, 3
+SPAN, TIMES, ECHO = 8, 3, 3
 
 
 def max_span_count(ids, n=SPAN) -> int:
@@ -32,8 +36,24 @@ def is_loop(ids, cut_by_limit: bool) -> bool:
     return top >= TIMES or (cut_by_limit and top >= 2)
 
 
-def loop_rate(replies) -> dict:
-    """replies: [(ids, cut_by_limit)] -> {"loops", "replies", "rate", "cut_by_limit"}."""
+def collapse_echoes(ids, prompt, n: int = ECHO) -> list:
+    """ids with every run of n or more tokens that the prompt also holds replaced by one marker
+    (-1), the longest run first."""
+    grams = {tuple(prompt[i:j]) for i in range(len(prompt)) for j in range(i + n, len(prompt) + 1)}
+    longest = max((len(g) for g in grams), default=0)
+    out, i = [], 0
+    while i < len(ids):
+        run = next((j - i for j in range(min(len(ids), i + longest), i + n - 1, -1) if tuple(ids[i:j]) in grams), 0)
+        out.append(-1 if run else ids[i])
+        i += run or 1
+    return out
+
+
+def loop_rate(replies, prompts=None) -> dict:
+    """replies: [(ids, cut_by_limit)], prompts: each reply's prompt ids (as the model saw them) or
+    None -> {"loops", "replies", "rate", "cut_by_limit", "looping"}."""
+    if prompts is not None:
+        replies = [(collapse_echoes(list(ids), list(p)), cut) for (ids, cut), p in zip(replies, prompts)]
     flags = [is_loop(ids, cut) for ids, cut in replies]
     return {"loops": sum(flags), "replies": len(flags), "rate": round(sum(flags) / max(1, len(flags)), 4),
             "cut_by_limit": sum(cut for _, cut in replies), "looping": [i for i, f in enumerate(flags) if f]}
@@ -62,14 +82,15 @@ def main():
     a = ap.parse_args()
     ad = load_adapter(a.model)
     lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=0.6, top_p=0.95, top_k=20))
-    replies, texts = [], []
+    replies, texts, prompts = [], [], []
     for i, p in enumerate(heldout_prompts()):
         lane.seed = i
-        ids, stats = lane.generate(chat_prompt_ids(ad, [{"role": "user", "content": p}]), max_tokens=a.max_tokens)
-        replies.append((ids, stats.finish_reason == "length"))
+        prompts.append(chat_prompt_ids(ad, [{"role": "user", "content": p}]))
+        ids, stats = lane.generate(prompts[-1], max_tokens=a.max_tokens)
+        replies.append((ids, stats.finish_reason == "max_tokens"))
         texts.append({"prompt": p, "reply": ad.tokenizer.decode(ids), "tokens": len(ids),
                       "finish": stats.finish_reason})
-    res = loop_rate(replies)
+    res = loop_rate(replies, prompts)
     res["mean_tokens"] = round(sum(len(r) for r, _ in replies) / len(replies), 1)
     res["examples"] = [texts[i] for i in res["looping"][:10]]
     print(json.dumps({k: v for k, v in res.items() if k != "examples"}))

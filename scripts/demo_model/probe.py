@@ -46,7 +46,7 @@ def probe(model, data_dir, log=print, depth=3, quick=False):
             acc = acceptance(model, prompts, reps, temp, depth=depth)
             res[f"{tag}_T{temp}"] = {**acc, "mean_tokens": round(float(np.mean([len(r) for r in reps])), 1)}
             if temp == 0.6:
-                res[f"{tag}_loops"] = loop_rate([(r[:-1] if d else r, not d) for r, d in zip(reps, done)])
+                res[f"{tag}_loops"] = loop_rate([(r[:-1] if d else r, not d) for r, d in zip(reps, done)], prompts)
                 res[f"{tag}_samples"] = [{"prompt": e["prompt"], "reply_ids": r} for e, r in zip(items[:24], reps[:24])]
             log(f"probe {tag} T={temp}: {acc} ({time.time() - t0:.0f}s)")
     lo = [res["everyday_loops"], res["heldout_loops"]]
