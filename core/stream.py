@@ -383,9 +383,10 @@ class Lane:
         steps = self._steps(prompt, max_tokens, stats, stop, wf)
         text_so_far = ""
         answer_from = None if thinking else 0
+        seen = charged = 0.0   # the lane's clock and the phases' seconds at the last event
         try:
             while True:
-                rows, host_from = None, time.perf_counter()
+                rows = None
                 if stop is not None and stop.is_set():
                     reason, tokens, origins = "stopped", [], []
                 else:
@@ -394,7 +395,6 @@ class Lane:
                         reason = None
                     except PrefillStopped:
                         tokens, origins, reason = [], [], "stopped"
-                    host_from = time.perf_counter()   # from here to the pause: the host's own work
                     for i, t in enumerate(tokens):
                         if t in eos:
                             tokens, origins, reason = tokens[:i], origins[:i], "eos"
@@ -434,7 +434,11 @@ class Lane:
                 stats.compute_seconds = now
                 stats.decode_seconds = now - stats.prefill_seconds
                 stats.finish_reason = reason
-                wf.add("host", time.perf_counter() - host_from)
+                # the host's own work: whatever of the lane's clock since the last event no phase
+                # timed (detokenising, stop strings, the generator's bookkeeping and resumes), so
+                # the parts add up to the clock exactly, a thread switch included wherever it falls
+                wf.add("host", (now - seen) - (wf.accounted() - charged))
+                seen, charged = now, wf.accounted()
                 stats.waterfall = wf.parts()
                 clock.pause()
                 lps = None if logprobs is None else token_logprobs(rows, tokens, logprobs)   # [] for no tokens

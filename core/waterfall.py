@@ -6,11 +6,12 @@ once (the accept step's `mx.eval`), so timing every phase would need a sync afte
 costs the overlap the loop is built for (drafts computing while the verify graph is built).
 So only a sampled subset of cycles — every SAMPLE_EVERY-th, starting with the first — syncs at
 each phase boundary and times it; every cycle's total is timed (two clock reads). A reply's
-cycle time is split in the sampled cycles' proportions. Prefill, the first token's sampling and
-the host's work between events (detokenising, stop strings) are timed directly, so the parts
-add up to the reply's own compute time (the lane's clock) up to the few microseconds a
-generator takes to resume (0.3 % apart on the demo model); tests/test_waterfall_browser.py
-checks 5 %. What the timed cycles' syncs cost (docs/bench/cpu-waterfall-overhead-demo.json, demo
+cycle time is split in the sampled cycles' proportions. Prefill and the first token's sampling
+are timed directly; the host's part is the rest of the lane's clock (detokenising, stop strings,
+the generator's bookkeeping between cycles and its resumes), so the parts add up to the reply's
+own compute time exactly. When the host part was timed directly instead, the untimed windows
+between events held 0.5-1.4 % of a reply on a tiny model, and a thread switch landing in one
+under load left 11 % of a reply in no part. What the timed cycles' syncs cost (docs/bench/cpu-waterfall-overhead-demo.json, demo
 model, 2-core CPU): 0.8 % of AR's decode speed and 0.3 % of MTP's, paired on/off; a timed cycle
 takes 15.5 % (AR, whose next step no longer overlaps) and 4 % (MTP) longer than the others, so at
 most 2.0 % and 0.5 %.
@@ -77,6 +78,10 @@ class Waterfall:
 
     def add(self, part: str, seconds: float) -> None:
         self.direct[part] += seconds
+
+    def accounted(self) -> float:
+        """Seconds charged so far: the parts timed directly and every cycle's total."""
+        return sum(self.direct.values()) + self._cycle_seconds
 
     def parts(self) -> Dict[str, float]:
         """Seconds per part for the reply so far ({} when timing is off: every=0)."""

@@ -1,6 +1,7 @@
 """The waterfall in a real browser: a chat reply's collapsible stats open onto a stacked bar of
 where its time went, and the race panel shows both lanes' bars side by side; each bar's parts
-add up to the reply's own compute time within 5 %. The API returns the same figures.
+add up to the reply's own compute time (within the titles' rounding). The API returns the same
+figures.
 
 Skips only when /usr/bin/chromium is absent (under CI a skip fails the run).
 """
@@ -52,7 +53,8 @@ def page(app):
 
 def check_sums(bar):
     total = sum(bar["parts"].values())
-    assert bar["wall"] > 0 and abs(total - bar["wall"]) <= 0.05 * bar["wall"], bar
+    assert bar["wall"] > 0 and abs(total - bar["wall"]) <= 0.02 * bar["wall"], bar   # the titles' rounding
+    assert min(bar["parts"].values()) >= 0, bar
     assert sum(bar["widths"]) > 0
 
 
@@ -103,5 +105,5 @@ def test_the_api_returns_the_same_figures(app):
                                            temperature=0, extra_body={"mode": mode})
         mtp = r.model_extra["mtp"]
         parts, wall = mtp["waterfall"], mtp["compute_seconds"]
-        assert set(parts) == MTP_PARTS and abs(sum(parts.values()) - wall) <= 0.05 * wall
+        assert set(parts) == MTP_PARTS and abs(sum(parts.values()) - wall) <= 1e-5 and min(parts.values()) >= 0
         assert (parts["draft"] > 0) == (mode == "mtp") and parts["forward"] > 0
