@@ -91,6 +91,15 @@ def add_sampler_arguments(ap: argparse.ArgumentParser, d) -> None:
     ap.add_argument("--depth", default=str(d.depth))
 
 
+def sampler_and_prompts(args):
+    """The sampler of add_sampler_arguments' flags, and the user messages of --prompt and
+    --prompts-file (one a line), in that order."""
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
+    return SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p), prompts or ["Define the word harbor."]
+
+
 def main(argv=None) -> int:
     d = Settings()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,11 +122,7 @@ def main(argv=None) -> int:
         return per_context(args, argv)
 
     depth = "auto" if args.depth == "auto" else int(args.depth)
-    sampler = SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p)
-    prompts = list(args.prompt or [])
-    if args.prompts_file:
-        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
-    prompts = prompts or ["Define the word harbor."]
+    sampler, prompts = sampler_and_prompts(args)
     print(describe_runtime(), file=sys.stderr)
     adapter = load_adapter(args.model, hidden_variant=args.hidden_variant, drafter=args.drafter)
     print(adapter.describe(), file=sys.stderr)

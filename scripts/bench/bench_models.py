@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import adapters  # noqa: E402,F401  (first: the BLAS preload must precede mlx)
 from adapters import load_adapter  # noqa: E402
 from adapters.runtime import describe_runtime, runtime_info  # noqa: E402
-from core import AutoregressiveDecoder, SamplerConfig, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
+from core import AutoregressiveDecoder, SpeculativeDecoder, chat_prompt_ids  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from scripts.bench.bench import add_sampler_arguments, run_ours  # noqa: E402
+from scripts.bench.bench import add_sampler_arguments, run_ours, sampler_and_prompts  # noqa: E402
 
 LANES = ("ar", "mtp")
 
@@ -105,11 +105,7 @@ def main(argv=None) -> int:
     if args.depth == "auto":
         ap.error("--depth auto prices depth per model, so the lanes would differ: pass a number")
     depth = int(args.depth)
-    sampler = SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p)
-    prompts = list(args.prompt or [])
-    if args.prompts_file:
-        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
-    prompts = prompts or ["Define the word harbor."]
+    sampler, prompts = sampler_and_prompts(args)
     print(describe_runtime(), file=sys.stderr)
 
     models = []
