@@ -35,8 +35,8 @@ def test_the_quotient_is_paired_by_repeat():
 def test_a_short_run_on_two_tiny_checkpoints(tiny_checkpoint, tmp_path, capsys):
     a, b = tiny_checkpoint(**MIXED), tiny_checkpoint(**SURE)
     out = tmp_path / "report.json"
-    assert main(["--model", str(a), "--model", str(b), "--prompt", "Hello", "--prompt", "Tell me a story",
-                 "--max-tokens", "12", "--depth", "2", "--repeats", "2", "--temperature", "0.6",
+    assert main(["--model", str(a), "--model", str(b), "--prompt", "Tell me a story",
+                 "--max-tokens", "8", "--depth", "2", "--repeats", "2", "--temperature", "0.6",
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     first, second = report["models"]
