@@ -170,7 +170,7 @@ def test_training_ids_are_the_ids_the_app_makes(tmp_path):
 
     import tokenizer as T
     import transformers
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer, pre_tokenizers
 
     tok_dir = tmp_path / "tok"
     shutil.copytree(REPO / "models" / "demo", tok_dir, ignore=shutil.ignore_patterns("*.safetensors", "optiq"))
@@ -178,6 +178,9 @@ def test_training_ids_are_the_ids_the_app_makes(tmp_path):
              "Hello\n\nWorld  two   spaces\t tab\r\n\r\nend \n", 'x = {"word": "café", "n": 12345}\n\n  indented',
              "naïve résumé — it's 3.14 ok?!\n\n\n", "</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>"]
     before = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    # the file as train_tokenizer writes it (the bundled demo's may have been rewritten already)
+    before.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    before.save(str(tok_dir / "tokenizer.json"))
     app = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
     assert any(before.encode(t, add_special_tokens=False).ids != app.encode(t, add_special_tokens=False)
                for t in texts)   # the mismatch v2 and v3 were trained with
