@@ -437,8 +437,10 @@ class Lane:
                 # the host's own work: whatever of the lane's clock since the last event no phase
                 # timed (detokenising, stop strings, the generator's bookkeeping and resumes), so
                 # the parts add up to the clock exactly, a thread switch included wherever it falls
-                wf.add("host", (now - seen) - (wf.accounted() - charged))
-                seen, charged = now, wf.accounted()
+                accounted = wf.accounted()
+                host = (now - seen) - (accounted - charged)
+                wf.add("host", host)
+                seen, charged = now, accounted + host
                 stats.waterfall = wf.parts()
                 clock.pause()
                 lps = None if logprobs is None else token_logprobs(rows, tokens, logprobs)   # [] for no tokens

@@ -11,10 +11,10 @@ are timed directly; the host's part is the rest of the lane's clock (detokenisin
 the generator's bookkeeping between cycles and its resumes), so the parts add up to the reply's
 own compute time exactly. When the host part was timed directly instead, the untimed windows
 between events held 0.5-1.4 % of a reply on a tiny model, and a thread switch landing in one
-under load left 11 % of a reply in no part. What the timed cycles' syncs cost (docs/bench/cpu-waterfall-overhead-demo.json, demo
-model, 2-core CPU): 0.8 % of AR's decode speed and 0.3 % of MTP's, paired on/off; a timed cycle
-takes 15.5 % (AR, whose next step no longer overlaps) and 4 % (MTP) longer than the others, so at
-most 2.0 % and 0.5 %.
+under load left 11 % of a reply in no part. What the timed cycles' syncs cost
+(docs/bench/cpu-waterfall-overhead-demo.json, demo model, 2-core CPU): 0.8 % of AR's decode speed
+and 0.3 % of MTP's, paired on/off; a timed cycle takes 15.5 % (AR, whose next step no longer
+overlaps) and 4 % (MTP) longer than the others, so at most 2.0 % and 0.5 %.
 """
 from __future__ import annotations
 
