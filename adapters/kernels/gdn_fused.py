@@ -5,15 +5,18 @@ Why: a GPU decode step is bound by its launch count (docs/bench/2026-12-02/GPU.m
 input projection and out_proj, MLX runs ~10 launches per layer (the conv window's concat, the
 depthwise conv, SiLU, two RMSNorms for q and k, the decay and beta, the recurrence, the gated
 RMSNorm, the conv window's copy); 24 layers of the 9B make that ~240 of a step's ~980
-primitives. Here one block per value head does all of it, position by position: the conv of
-its q, k and v channels, SiLU, the q/k norms, beta and the decay, the delta rule on its state
-rows (fp32 in registers, as the recurrence kernel does), and the RMSNorm gated by SiLU(z). It
+primitives. Here one block per value head does all of it: the conv of its q, k and v channels,
+SiLU, the q/k norms, beta and the decay for all positions at once, then the delta rule on its
+state rows position by position (fp32 in registers, as the recurrence kernel does; the only
+step that waits on the previous position, so a verify's extra positions cost only it), then
+the RMSNorm gated by SiLU(z) for all positions at once. It
 reads q|k|v, z, b and a straight from the joined projection (no split, no copies), writes the
 conv window with the new rows (what a rollback keeps), and the fp32 state after each position.
 
 Exact by construction in the sense that matters: position t's arithmetic is the same whether it
-is computed alone (a decode step) or among T (a verify), since positions run one after another
-in a fixed order and the window rows it reads are the same values either way. Its rounding
+is computed alone (a decode step) or among T (a verify): the same operations in the same order
+over the same lanes, the delta rule's positions one after another, and the window rows it reads
+are the same values either way. Its rounding
 points follow mlx-lm's ops (bf16 after the conv, the SiLU, each norm, beta, the recurrence's
 output), so it agrees with the ops path to bf16 rounding, not bit for bit.
 `reference` is the same computation as MLX ops, what the GPU check holds the kernel to.
@@ -37,6 +40,12 @@ GDN_FUSED_SOURCE = r"""
   // proj [T, NTOT] (q|k|v at 0, z at Z_OFF, b at B_OFF, a at A_OFF); conv_state [K-1, C];
   // conv_w [C, K]; neg_a, dt_bias [Hv]; norm_w [Dv]; consts: q/k rms eps, q scale, k scale,
   // gated-norm eps; state_in [Hv, Dv, Dk] fp32. Each of these per sequence, B of them (blockIdx.y).
+  // Three phases. Only the delta rule depends on the previous position, so everything before it
+  // (conv, SiLU, q/k norms, beta, decay) is done for all T positions at once, and everything after
+  // it (the gated norm, the output) too; the delta rule runs position after position on the
+  // state rows each warp holds in registers, with no block-wide barrier between positions. Each
+  // position's arithmetic (its operations, their order, the lanes its sums reduce over) is the
+  // same for any T, so position t computes the same bits alone (a decode step) or among T (a verify).
   constexpr int KD = Hk * Dk;
   constexpr int C = 2 * KD + Hv * Dv;
   constexpr int RPW = Dv / NW;
@@ -53,8 +62,8 @@ GDN_FUSED_SOURCE = r"""
   const int warp = tid >> 5;
   const float qk_eps = consts[0], q_scale = consts[1], k_scale = consts[2], norm_eps = consts[3];
 
-  __shared__ float sq[Dk], sk[Dk], sv[Dv], sy[Dv];
-  __shared__ float s_beta, s_g, s_r;
+  __shared__ float sq[T][Dk], sk[T][Dk], sv[T][Dv], sy[T][Dv];
+  __shared__ float s_beta[T], s_g[T], s_r[T];
 
   // The channels this block reads: its k-head's q and k, its own v.
   int chan = -1;
@@ -68,15 +77,10 @@ GDN_FUSED_SOURCE = r"""
     for (int t = 0; t < T; ++t) conv_input[IO + (K - 1 + t) * C + chan] = proj[PO + t * NTOT + chan];
   }
 
-  float st[RPW][NPT];
+  // Phase 1, every position at once: the conv, SiLU, beta and the decay.
+  if (chan >= 0) {
 #pragma unroll
-  for (int r = 0; r < RPW; ++r)
-#pragma unroll
-    for (int i = 0; i < NPT; ++i)
-      st[r][i] = state_in[SO + (hv * Dv + warp * RPW + r) * Dk + NPT * lane + i];
-
-  for (int t = 0; t < T; ++t) {
-    if (chan >= 0) {
+    for (int t = 0; t < T; ++t) {
       float acc = 0.f;
       for (int j = 0; j < K; ++j) {
         const int row = t + j;  // conv window row: K-1 kept rows, then this call's positions
@@ -86,33 +90,45 @@ GDN_FUSED_SOURCE = r"""
       }
       const float c = static_cast<float>(static_cast<InT>(acc));
       const float s = static_cast<float>(static_cast<InT>(c / (1.f + expf(-c))));
-      if (tid < Dk) sq[tid] = s;
-      else if (tid < 2 * Dk) sk[tid - Dk] = s;
-      else sv[tid - 2 * Dk] = s;
+      if (tid < Dk) sq[t][tid] = s;
+      else if (tid < 2 * Dk) sk[t][tid - Dk] = s;
+      else sv[t][tid - 2 * Dk] = s;
     }
-    if (tid == 2 * Dk + Dv) {
-      const float b = static_cast<float>(proj[PO + t * NTOT + B_OFF + hv]);
-      s_beta = static_cast<float>(static_cast<InT>(1.f / (1.f + expf(-b))));
-      const float x = static_cast<float>(static_cast<InT>(
-          static_cast<float>(proj[PO + t * NTOT + A_OFF + hv]) + static_cast<float>(dt_bias[hv])));
-      const float sp = static_cast<float>(static_cast<InT>(x > 20.f ? x : log1pf(expf(x))));
-      s_g = expf(neg_a[hv] * sp);
+  } else if (tid - (2 * Dk + Dv) < T) {  // one thread a position
+    const int t = tid - (2 * Dk + Dv);
+    const float b = static_cast<float>(proj[PO + t * NTOT + B_OFF + hv]);
+    s_beta[t] = static_cast<float>(static_cast<InT>(1.f / (1.f + expf(-b))));
+    const float x = static_cast<float>(static_cast<InT>(
+        static_cast<float>(proj[PO + t * NTOT + A_OFF + hv]) + static_cast<float>(dt_bias[hv])));
+    const float sp = static_cast<float>(static_cast<InT>(x > 20.f ? x : log1pf(expf(x))));
+    s_g[t] = expf(neg_a[hv] * sp);
+  }
+  __syncthreads();
+  if (warp < 2 * T) {  // q and k of each position: RMSNorm over Dk by one warp each, then the scale, in T
+    const int t = warp >> 1;
+    float* s = (warp & 1) == 0 ? sq[t] : sk[t];
+    float ss = 0.f;
+    for (int i = 0; i < NPT; ++i) ss += s[NPT * lane + i] * s[NPT * lane + i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / Dk + qk_eps);
+    const float scale = (warp & 1) == 0 ? q_scale : k_scale;
+    for (int i = 0; i < NPT; ++i) {
+      const float n = static_cast<float>(static_cast<InT>(s[NPT * lane + i] * r));
+      s[NPT * lane + i] = static_cast<float>(static_cast<InT>(n * scale));
     }
-    __syncthreads();
-    if (warp < 2) {  // q (warp 0) and k (warp 1): RMSNorm over Dk, then the scale, in T
-      float* s = warp == 0 ? sq : sk;
-      float ss = 0.f;
-      for (int i = 0; i < NPT; ++i) ss += s[NPT * lane + i] * s[NPT * lane + i];
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float r = rsqrtf(ss / Dk + qk_eps);
-      const float scale = warp == 0 ? q_scale : k_scale;
-      for (int i = 0; i < NPT; ++i) {
-        const float n = static_cast<float>(static_cast<InT>(s[NPT * lane + i] * r));
-        s[NPT * lane + i] = static_cast<float>(static_cast<InT>(n * scale));
-      }
-    }
-    __syncthreads();
-    const float gt = s_g, bt = s_beta;
+  }
+  __syncthreads();
+
+  // Phase 2, position after position: the delta rule on this warp's state rows.
+  float st[RPW][NPT];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int i = 0; i < NPT; ++i)
+      st[r][i] = state_in[SO + (hv * Dv + warp * RPW + r) * Dk + NPT * lane + i];
+
+  for (int t = 0; t < T; ++t) {
+    const float gt = s_g[t], bt = s_beta[t];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const int dv = warp * RPW + r;
@@ -120,38 +136,40 @@ GDN_FUSED_SOURCE = r"""
 #pragma unroll
       for (int i = 0; i < NPT; ++i) {
         st[r][i] = st[r][i] * gt;
-        kv += st[r][i] * sk[NPT * lane + i];
+        kv += st[r][i] * sk[t][NPT * lane + i];
       }
       for (int o = 16; o > 0; o >>= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
-      const float delta = (sv[dv] - kv) * bt;
+      const float delta = (sv[t][dv] - kv) * bt;
       float out = 0.f;
 #pragma unroll
       for (int i = 0; i < NPT; ++i) {
-        st[r][i] = st[r][i] + sk[NPT * lane + i] * delta;
-        out += st[r][i] * sq[NPT * lane + i];
+        st[r][i] = st[r][i] + sk[t][NPT * lane + i] * delta;
+        out += st[r][i] * sq[t][NPT * lane + i];
       }
       for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
-      if (lane == 0) sy[dv] = static_cast<float>(static_cast<InT>(out));
+      if (lane == 0) sy[t][dv] = static_cast<float>(static_cast<InT>(out));
 #pragma unroll
       for (int i = 0; i < NPT; ++i) {
         const int at = (hv * Dv + dv) * Dk + NPT * lane + i;
         GDN_FUSED_STORE_STATES
       }
     }
-    __syncthreads();
-    if (warp == 0) {  // the gated RMSNorm over this head's Dv outputs
-      float ss = 0.f;
-      for (int i = lane; i < Dv; i += 32) ss += sy[i] * sy[i];
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) s_r = rsqrtf(ss / Dv + norm_eps);
-    }
-    __syncthreads();
-    if (tid < Dv) {
-      const float xn = static_cast<float>(static_cast<InT>(sy[tid] * s_r * static_cast<float>(norm_w[tid])));
-      const float z = static_cast<float>(proj[PO + t * NTOT + Z_OFF + hv * Dv + tid]);
-      y[YO + t * (Hv * Dv) + hv * Dv + tid] = static_cast<InT>(z / (1.f + expf(-z)) * xn);
-    }
-    __syncthreads();  // the next position rewrites the shared rows
+  }
+  __syncthreads();
+
+  // Phase 3, every position at once: the gated RMSNorm over this head's Dv outputs, one warp a position.
+  if (warp < T) {
+    float ss = 0.f;
+    for (int i = lane; i < Dv; i += 32) ss += sy[warp][i] * sy[warp][i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) s_r[warp] = rsqrtf(ss / Dv + norm_eps);
+  }
+  __syncthreads();
+  for (int e = tid; e < T * Dv; e += NW * 32) {
+    const int t = e / Dv, i = e - t * Dv;
+    const float xn = static_cast<float>(static_cast<InT>(sy[t][i] * s_r[t] * static_cast<float>(norm_w[i])));
+    const float z = static_cast<float>(proj[PO + t * NTOT + Z_OFF + hv * Dv + i]);
+    y[YO + t * (Hv * Dv) + hv * Dv + i] = static_cast<InT>(z / (1.f + expf(-z)) * xn);
   }
 """
 
@@ -173,7 +191,7 @@ def _kernel(T: int):
 
 def supported(T: int, Hk: int, Hv: int, Dk: int, Dv: int, K: int, state_dtype, proj_dtype) -> bool:
     return (1 <= T <= MAX_T and Dk % 32 == 0 and Dv % WARPS == 0 and Hv % Hk == 0
-            and 2 * Dk + Dv < WARPS * 32 and K >= 1
+            and 2 * Dk + Dv + T <= WARPS * 32 and 2 * T <= WARPS and K >= 1
             and state_dtype == mx.float32 and proj_dtype in (mx.bfloat16, mx.float16))
 
 
