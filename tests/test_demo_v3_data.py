@@ -441,7 +441,7 @@ def _listing(name, names):
     ("a listed name the call does not use", [_listing("lookup", ["get_weather", "lookup"]).replace('{"name": "lookup"', '{"name": "zadu"')],
      "the call names 'zadu'"),
     ("a name the list leaves out", [_listing("lookup", ["get_weather", "send_email"])], "and names 'lookup'"),
-    ("too few thoughts list the tools", [], "first calls follow a thought listing"),
+    ("too few thoughts list the tools", [], "hold a thought listing the offered tools"),
 ])
 def test_the_v3f_check_wants_the_thoughts_to_list_the_offered_tools(tmp_path, flaw, extra, named):
     import check_v3

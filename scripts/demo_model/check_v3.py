@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -36,6 +36,9 @@ LIMITS["v3g"] = {**LIMITS["v3f"], "notes_share": (0.18, 0.30), "tokens_max": 13_
                  "explain_share": (0.12, 0.25), "explain_tokens_mean": (50, 90), "dict_names_min": 5000}
 # v3h: v3g's with the span drills and the dictionary results of other senses
 LIMITS["v3h"] = {**LIMITS["v3g"], "spans_min": 5000, "senses_min": 500}
+# v3i: v3h's with the dictionary results to copy: 15+-word ones not answerable from memory, and the
+# share that is (its more look-ups a conversation add tokens)
+LIMITS["v3i"] = {**LIMITS["v3h"], "tokens_max": 15_000_000, "copy15_min": 2000, "remembered_max": 0.20}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -191,29 +194,31 @@ CALLED = re.compile(r'<tool_call>\s*\{"name": "([^"]+)"')
 
 def check_v3f(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3f") -> list:
     """v3f: v3e's checks with v3f's limits; and in the tool documents, every thought that lists the
-    offered tools names one of them, the call that follows calls that one, and such thoughts precede
-    at least `listed_min` of the first calls."""
+    offered tools names one of them, the call that follows calls that one, and at least `listed_min`
+    of the documents with a call hold such a thought before one."""
     lim = lim or LIMITS[variant]
     problems = check_v3e(work, lim, held, variant=variant)
-    listed = firsts = 0
+    listed = with_call = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
         if d["kind"] != "tools":
             continue
         text = d["text"]
-        call = CALLED.search(text)
-        if call is None:
+        if CALLED.search(text) is None:
             continue
-        firsts += 1
+        with_call += 1
+        # the call the listing thought leads to: the chat template keeps only the last turn's thought,
+        # so in a conversation of several look-ups (v3i) it is the last call's, not the first's
         m = LISTED.search(text)
-        if m is None or m.start() > call.start():
+        call = CALLED.search(text, m.end()) if m else None
+        if call is None:
             continue
         listed += 1
         names = re.split(r", | and ", m.group(1))
         if m.group(2) not in names or call.group(1) != m.group(2):
             problems.append(f"a thought lists {names} and names {m.group(2)!r}; the call names {call.group(1)!r}")
-    if not firsts or listed / firsts < lim["listed_min"]:
-        problems.append(f"{listed} of {firsts} first calls follow a thought listing the offered tools, "
+    if not with_call or listed / with_call < lim["listed_min"]:
+        problems.append(f"{listed} of {with_call} documents with a call hold a thought listing the offered tools before one, "
                         f"fewer than {lim['listed_min']:.0%}")
     return problems
 
@@ -307,12 +312,12 @@ def check_v3g(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems
 
 
-def check_v3h(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3h(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3h") -> list:
     """v3h: v3g's checks; at least LIMITS' span drills, each reply holding its question's span word
     for word, none naming a held-out subject; at least LIMITS' dictionary words with a result of
     another sense, and such results in the tool conversations."""
-    lim = lim or LIMITS["v3h"]
-    problems = check_v3g(work, lim, held, variant="v3h")
+    lim = lim or LIMITS[variant]
+    problems = check_v3g(work, lim, held, variant=variant)
     stats = json.loads((Path(work) / "corpus" / "stats.json").read_text())["v3e"]
     if stats.get("span_drills", 0) < lim["spans_min"]:
         problems.append(f"{stats.get('span_drills', 0)} span drills, fewer than {lim['spans_min']}")
@@ -343,8 +348,24 @@ def check_v3h(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems[:40]
 
 
+def check_v3i(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3i: v3h's checks; at least LIMITS' dictionary results of 15+ words that only copying can
+    answer, and at most LIMITS' share of results that repeat a definition the corpus teaches."""
+    lim = lim or LIMITS["v3i"]
+    problems = check_v3h(work, lim, held, variant="v3i")
+    stats = json.loads((Path(work) / "corpus" / "stats.json").read_text())["v3e"]
+    n, remembered = stats.get("dict_results", 0), stats.get("dict_results_remembered", 0)
+    if stats.get("dict_results_15plus_to_copy", 0) < lim["copy15_min"]:
+        problems.append(f"{stats.get('dict_results_15plus_to_copy', 0)} dictionary results of 15+ words to copy, "
+                        f"fewer than {lim['copy15_min']}")
+    if not n or remembered / n > lim["remembered_max"]:
+        problems.append(f"{remembered} of {n} dictionary results repeat a definition the corpus teaches "
+                        f"(at most {lim['remembered_max']:.0%})")
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
-          "v3h": check_v3h}
+          "v3h": check_v3h, "v3i": check_v3i}
 
 
 def main():

@@ -105,6 +105,16 @@ VARIANTS["v3g"] = {**VARIANTS["v3f"], "n_json": 5000, "n_docs_chat": 8000, "n_lo
 # gloss back word for word, and an explained person named by a shorter name of theirs after the first
 # sentence (v3g2-more's 3 "loops" in 200 were "Leonardo da Vinci ..." opening four sentences)
 VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True, "person_alias": True}
+# v3i: v3h's corpus with the dictionary results that must be copied longer and more of them (V3_PLAN
+# section 25: v3h-more copied definitions of up to 6 words in 11 of 12 tool answers, of 11+ words in 2
+# of 19, and its training held 11 results of 15+ words that were not also a fact it learnt): glosses
+# of up to 32 words with their parentheses (rare words, other senses up to the sixth, span drills), a
+# pool of 4-9-letter nouns whose first sense is no fact of the corpus, the results drawn by length
+# (35 % of 2-8 words, 35 % 9-14, 30 % 15-32) and from the remembered definitions in 10 % only, and a
+# conversation that opens with the dictionary holding 1-4 requests, most of them look-ups
+VARIANTS["v3i"] = {**VARIANTS["v3h"], "long_glosses": True, "sense_last": 6, "mid_words": True,
+                   "dict_strata": ((2, 8, 0.35), (9, 14, 0.35), (15, 32, 0.30)), "recall_share": 0.10,
+                   "lookups": (1, 2, 2, 3, 4)}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -120,14 +130,15 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     skip = lambda w: w.lower() in held or w in tool_words or w in C.HELDOUT_TOPICS  # noqa: E731
     drills = V3.binding_drills(rng, focus, held, exclude)
     syn, idx = H._wordnet()
-    rare = V3.rare_words(syn, idx, skip)
+    gl = {"most": V3.LONG_GLOSS_WORDS, "bar": V3.LONG_GLOSS_BAR} if cfg.get("long_glosses") else {}
+    rare = V3.rare_words(syn, idx, skip, **gl)
     copies = V3.copy_drills(rng, [w for w, _ in rare], cfg["n_copy"], exclude)
     asked = Counter((d["kind"], str(d.get("word") or d.get("subject")).lower()) for d in drills)
     # v3h's texts name no held-out subject, no tool evaluation word, no held-out topic
     skipped = {s.lower() for s in held | set(tool_words) | set(C.HELDOUT_TOPICS)}
     skipped_re = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(skipped, key=len, reverse=True)) + r")\b")
     # v3h: whole glosses asked back (their own generator, so the earlier variants' draws stay theirs)
-    spans = V3.span_drills(random.Random(seed + 7), syn, cfg["n_span"], skipped_re, exclude) if cfg.get("n_span") else []
+    spans = V3.span_drills(random.Random(seed + 7), syn, cfg["n_span"], skipped_re, exclude, **gl) if cfg.get("n_span") else []
     items = drills + copies + spans
     rng.shuffle(items)
     half = len(items) // 2
@@ -155,8 +166,16 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     dict_words = common + rare_pick
     senses = []
     if cfg.get("other_senses"):   # v3h: a common word's result often another of its senses (not the fact learnt)
-        senses = [(w, g) for w, g in V3.other_senses(syn, idx, [w for w, _ in common]) if not skipped_re.search(g.lower())]
+        senses = [(w, g) for w, g in V3.other_senses(syn, idx, [w for w, _ in common], last=cfg.get("sense_last", 4), **gl)
+                  if not skipped_re.search(g.lower())]
         dict_words += senses
+    mid, dict_draw = [], None
+    if cfg.get("mid_words"):   # v3i: shorter nouns whose first sense is no fact the corpus teaches
+        taught = {w for w, _ in common}
+        mid = [(w, g) for w, g in V3.rare_words(syn, idx, skip, min_len=4, max_len=9, **gl)
+               if w not in taught and not skipped_re.search(g.lower())]
+    if cfg.get("dict_strata"):
+        dict_draw = _stratified_draw(common, rare_pick + senses + mid, cfg["dict_strata"], cfg["recall_share"])
     caps = sorted({m.groups() for m in (re.match(r"The capital of (.+) is (.+)\.$", d["messages"][1])
                                         for d in parts["v3_capital"]) if m and not (set(map(str.lower, m.groups())) & held)})
     plain = [d for d in parts["v3_opposite"] + parts["v3_kind"] if not exclude(d) and not held_re.search(d["messages"][0].lower())]
@@ -173,6 +192,7 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     convs = V3.tool_conversations_v3e(trng, dict_words, caps, arith, plain, exclude, cfg["n_tools_v3e"],
                                       banned=banned, name_words=name_words,
                                       think_frac=cfg.get("tool_think_frac", 0.5), list_tools=cfg.get("list_tools", False),
+                                      dict_draw=dict_draw, lookups=cfg.get("lookups"),
                                       **({"names": iter(pool), "rename_frac": cfg["rename_frac"],
                                           "dict_frac": cfg["dict_frac"]} if pool else {}))
     for msgs, tools, thinking in convs:
@@ -189,8 +209,35 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
             "asks_per_subject_min_median_max": [vals[0], vals[len(vals) // 2], vals[-1]] if vals else None,
             "held_out_subjects": len(held), "tool_conversations_v3e": len(convs),
             "dict_words_common_rare_senses": [len(common), len(rare_pick), len(senses)],
+            **({"dict_mid_words": len(mid), **dict_results(convs, {d for _, d in common})} if cfg.get("dict_strata") else {}),
             **({"dict_names_distinct": len(dict_names), "dict_names_most_used": dict_names.most_common(1)[0][1],
                 "name_pool": len(pool)} if pool else {})}
+
+
+def _stratified_draw(recall, copy, strata, recall_share):
+    """rng -> (word, definition): a remembered definition (`recall`: the facts' own) in `recall_share`
+    of draws, else one to copy, its length in words drawn first by `strata` ((least, most, share))."""
+    by = [[(w, g) for w, g in copy if lo <= len(g.split()) <= hi] for lo, hi, _ in strata]
+    shares = [sh for _, _, sh in strata]
+
+    def draw(rng):
+        if rng.random() < recall_share:
+            return rng.choice(recall)
+        pool = rng.choices([b for b in by if b], [sh for b, sh in zip(by, shares) if b])[0]
+        return rng.choice(pool)
+    return draw
+
+
+def dict_results(convs, remembered: set) -> dict:
+    """What the tool conversations' dictionary results ask to be copied: how many, how many also a
+    definition the corpus teaches as a fact (`remembered`: answerable from memory), how many of 15+
+    words that are not."""
+    defs = [json.loads(m["content"]).get("definition") for msgs, _, _ in convs for m in msgs
+            if m["role"] == "tool" and m["content"].startswith('{"word"')]
+    defs = [d for d in defs if d]
+    recall = sum(d in remembered for d in defs)
+    return {"dict_results": len(defs), "dict_results_remembered": recall,
+            "dict_results_15plus_to_copy": sum(len(d.split()) >= 15 and d not in remembered for d in defs)}
 
 
 def _v3g_docs(seed, wn, held, skip, exclude, emit, think_frac=0.7, alias=False):

@@ -11,7 +11,7 @@
           (EVAL_NAMES: the model must copy the offered name), get_weather and one or two others; T=0.6:
           right = one call, parsed by the server's own parser (webapp/api/toolcalls.py), of the offered
           dictionary with the word; then, given the tool's result, whether the answer repeats the
-          definition (its first six words, evaluate.py's rule)
+          definition (its first six words, evaluate.py's rule; and whether it holds the whole of it)
 
     python scripts/demo_model/eval_v3.py models/demo --json docs/bench/2026-12-02/demo-v2-eval-v3.json
     python scripts/demo_model/eval_v3.py models/demo --parts tools --hold-calls --json ...   # calls held
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
 
     rng = random.Random(seed)
     lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=temperature, top_p=0.95, top_k=20))
-    named = used = 0
+    named = used = copied = 0
     rows = []
     for i, e in enumerate(items):
         name, arg = EVAL_NAMES[i % len(EVAL_NAMES)], rng.choice(EVAL_ARGS)
@@ -106,11 +107,21 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
         ids, _ = lane.generate(render(ad, msgs, tools=tools), max_tokens=96)
         answer = ad.tokenizer.decode(ids).split("</think>")[-1].strip()
         uses = " ".join(e["definition"].lower().split()[:6]) in " ".join(answer.lower().split())
+        whole = full_copy(e["definition"], answer)
         used += uses
+        copied += whole
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
-                     "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses})
+                     "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses,
+                     "full_copy": whole})
     return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named,
-            "answers_using_result": used, **call_counts(rows), "rows": rows}
+            "answers_using_result": used, "answers_copying_it_whole": copied, **call_counts(rows), "rows": rows}
+
+
+def full_copy(definition: str, answer: str) -> bool:
+    """Whether the answer holds the whole definition, its words in order (case and punctuation aside):
+    the done-when's first-six-words rule passes answers that garble the rest (V3_PLAN section 25)."""
+    words = lambda t: re.findall(r"[a-z0-9]+", t.lower())  # noqa: E731
+    return f" {' '.join(words(definition))} " in f" {' '.join(words(answer))} "
 
 
 def call_counts(rows) -> dict:

@@ -884,16 +884,24 @@ COPY_Q = ['Repeat this word exactly: {w}', 'Say "{w}" back to me.', "Copy the wo
 COPY_A = ["{w}", '"{w}"', 'You wrote "{w}".', "{w}."]
 
 
-def rare_words(syn, idx, skip, min_len=8):
-    """(word, gloss as a noun phrase) for WordNet nouns of `min_len`-16 letters (several tokens each:
-    what a small model garbles when it copies), the first sense's gloss; skipped subjects left out."""
+GLOSS_WORDS, GLOSS_BAR = 14, r"[()\"`]"   # v3e-v3h: glosses of at most 14 words, none with these characters
+LONG_GLOSS_WORDS, LONG_GLOSS_BAR = 32, r"[\"`]"   # v3i: up to 32 words, parentheses kept
+
+
+def gloss_fits(g: str, most: int = GLOSS_WORDS, bar: str = GLOSS_BAR, least: int = 2) -> bool:
+    return least <= len(g.split()) <= most and not re.search(bar, g)
+
+
+def rare_words(syn, idx, skip, min_len=8, max_len=16, most=GLOSS_WORDS, bar=GLOSS_BAR):
+    """(word, gloss as a noun phrase) for WordNet nouns of `min_len`-`max_len` letters (several tokens
+    each: what a small model garbles when it copies), the first sense's gloss; skipped subjects left out."""
     out = []
     for (lemma, t), info in sorted(idx.items()):
         w = _w(lemma)
-        if t != "n" or not re.fullmatch(rf"[a-z]{{{min_len},16}}", w) or skip(w):
+        if t != "n" or not re.fullmatch(rf"[a-z]{{{min_len},{max_len}}}", w) or skip(w):
             continue
         gloss = E._gloss(syn[info["synsets"][0]]["def"])
-        if 2 <= len(gloss.split()) <= 14 and not re.search(r"[()\"`]", gloss):
+        if gloss_fits(gloss, most, bar):
             out.append((w, gloss))
     return out
 
@@ -926,7 +934,8 @@ DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}"
 
 
 def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
-                           think_frac=0.5, dict_frac=0.6, list_tools=False, names=None, rename_frac=0.0):
+                           think_frac=0.5, dict_frac=0.6, list_tools=False, names=None, rename_frac=0.0,
+                           dict_draw=None, lookups=None):
     """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
     dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
     get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
@@ -937,7 +946,10 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
     turn's order, so the name is copied from nearby text rather than from the schemas far back.
     `names` (v3g): an iterator of names (real_names) that every made tool takes its name from, one each,
     instead of copy_name / word_name; and in `rename_frac` of the conversations the other offered tools
-    (get_weather, ...) take one too, so that no offered name can be recalled instead of read."""
+    (get_weather, ...) take one too, so that no offered name can be recalled instead of read.
+    `dict_draw` (v3i): rng -> (word, definition), drawn in place of rng.choice(dict_words); `lookups`
+    (v3i): the requests of a conversation that opens with the dictionary are a choice of these counts,
+    each after the first a dictionary look-up in 70 % (the schemas read once for several copies)."""
     import conversations as C2
 
     def fresh_name(kind):
@@ -975,10 +987,13 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
         rng.shuffle(tools)
         thinking = rng.random() < think_frac
         msgs = []
-        for j in range(rng.choice([1, 1, 1, 2])):
-            want = first if (j == 0 and first) else rng.choice(kinds + ["none"] * (1 if rng.random() < 0.2 else 0))
+        for j in range(rng.choice(lookups) if (lookups and first) else rng.choice([1, 1, 1, 2])):
+            if j and lookups and first and rng.random() < 0.7:
+                want = "dict"
+            else:
+                want = first if (j == 0 and first) else rng.choice(kinds + ["none"] * (1 if rng.random() < 0.2 else 0))
             if want == "dict":
-                w, definition = rng.choice(dict_words)
+                w, definition = dict_draw(rng) if dict_draw else rng.choice(dict_words)
                 q = rng.choice(DICT_Q).format(w=w, a=_article(w))
                 args, result = {made["dict"][1]: w}, json.dumps({"word": w, "definition": definition})
                 ans = rng.choice(DICT_ANS).format(w=w, W=w[:1].upper() + w[1:], d=definition)
@@ -1013,25 +1028,25 @@ SPAN_Q = ['Repeat this exactly: "{t}"', "Copy this sentence word for word: {t}",
 SPAN_A = ["{t}", '"{t}"', 'The note says: "{t}"', "{t}."]
 
 
-def other_senses(syn, idx, words) -> list:
-    """(word, gloss) of each given noun's second to fourth WordNet senses: definitions the dictionary
+def other_senses(syn, idx, words, last=4, most=GLOSS_WORDS, bar=GLOSS_BAR) -> list:
+    """(word, gloss) of each given noun's second to `last`th WordNet senses: definitions the dictionary
     tool can return that are not the one a fact taught (whose gloss is the first sense's)."""
     out = []
     for w in words:
         info = idx.get((w.replace(" ", "_"), "n"))
-        for key in (info or {}).get("synsets", [])[1:4]:
+        for key in (info or {}).get("synsets", [])[1:last]:
             g = E._gloss(syn[key]["def"])
-            if 2 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g):
+            if gloss_fits(g, most, bar):
                 out.append((w, g))
     return out
 
 
-def span_drills(rng, syn, n, skipped, exclude) -> list:
-    """Copying drills of whole spans: a WordNet gloss of 5-14 words (any part of speech, none naming
+def span_drills(rng, syn, n, skipped, exclude, most=GLOSS_WORDS, bar=GLOSS_BAR) -> list:
+    """Copying drills of whole spans: a WordNet gloss of 5-`most` words (any part of speech, none naming
     a subject that `skipped`, a regex of them in lower case, finds) asked back; the reply is the
     gloss exactly."""
     pool = sorted({g for g in (E._gloss(s["def"]) for s in syn.values())
-                   if 5 <= len(g.split()) <= 14 and not re.search(r"[()\"`]", g) and not skipped.search(g.lower())})
+                   if gloss_fits(g, most, bar, least=5) and not skipped.search(g.lower())})
     out = []
     for t in rng.sample(pool, min(n, len(pool))):
         item = {"kind": "span", "word": t.split()[0], "thought": "The text, word for word.",
