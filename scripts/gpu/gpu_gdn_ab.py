@@ -9,7 +9,8 @@ for T = 1..8 positions and 1 or 2 sequences:
 - bits: the two versions' outputs (y, the conv window, every position's state) compared bit for bit
   (a rewrite that keeps each position's arithmetic must give the same bits);
 - time: 24 launches (one a layer, as a step has them) evaluated together, synchronised, the versions
-  taking turns round by round; the median of the rounds' microseconds a launch, and the ratio.
+  taking turns round by round (gpu_exact.rounds, 30 rounds kept); the median of the rounds' microseconds
+  a launch, and the median of the rounds' ratios.
 The earlier version is read from git (`git show <rev>:adapters/kernels/gdn_fused.py`).
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,6 +28,7 @@ import adapters  # noqa: E402,F401  (BLAS preload before mlx)
 import mlx.core as mx  # noqa: E402
 
 from adapters.kernels import gdn_fused  # noqa: E402
+from scripts.gpu.gpu_exact import rounds  # noqa: E402
 
 DIMS = (16, 32, 128, 128, 4)   # Hk, Hv, Dk, Dv, K: Qwythos-9B's Gated-DeltaNet layers
 LAYERS = 24
@@ -72,18 +73,6 @@ def same_bits(a, b) -> bool:
     return all(bool(mx.array_equal(x, y)) for x, y in zip(flat(a), flat(b)))
 
 
-def timed(fns: dict, rounds: int = 30) -> dict:
-    """Seconds of each fn() evaluated and synchronised, the fns taking turns; the first 3 rounds left out."""
-    runs = {k: [] for k in fns}
-    for _ in range(rounds + 3):
-        for k, fn in fns.items():
-            mx.synchronize()
-            t0 = time.perf_counter()
-            mx.eval(fn())
-            runs[k].append(time.perf_counter() - t0)
-    return {k: v[3:] for k, v in runs.items()}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True)
@@ -105,7 +94,7 @@ def main(argv=None) -> int:
             row = {"T": T, "sequences": B, "same_bits": bits}
             if B == 1 and T <= 5:
                 fns = {k: (lambda fn=fn: [flat(fn(*args)) for _ in range(LAYERS)]) for k, fn in kernels.items()}
-                runs = timed(fns)
+                runs = rounds(fns, 32)   # the first two left out
                 us = {k: statistics.median(v) / LAYERS * 1e6 for k, v in runs.items()}
                 row.update(us_a_launch=us, now_over_before=statistics.median(
                     n / b for n, b in zip(runs["now"], runs["before"])))
