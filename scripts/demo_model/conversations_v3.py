@@ -217,14 +217,13 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
 def _stratified_draw(recall, copy, strata, recall_share):
     """rng -> (word, definition): a remembered definition (`recall`: the facts' own) in `recall_share`
     of draws, else one to copy, its length in words drawn first by `strata` ((least, most, share))."""
-    by = [[(w, g) for w, g in copy if lo <= len(g.split()) <= hi] for lo, hi, _ in strata]
-    shares = [sh for _, _, sh in strata]
+    by = [([(w, g) for w, g in copy if lo <= len(g.split()) <= hi], share) for lo, hi, share in strata]
+    pools, shares = zip(*[(pool, share) for pool, share in by if pool])   # an empty stratum's share goes to the rest
 
     def draw(rng):
         if rng.random() < recall_share:
             return rng.choice(recall)
-        pool = rng.choices([b for b in by if b], [sh for b, sh in zip(by, shares) if b])[0]
-        return rng.choice(pool)
+        return rng.choice(rng.choices(pools, shares)[0])
     return draw
 
 
