@@ -507,3 +507,25 @@ def test_a_missing_source_is_named_with_what_installs_it(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rdata" else real(name, *a))
     assert corpus.missing_sources() == "pip install rdata"
+
+
+DEFINITION = "light in a transparent protective case with a handle"
+
+
+@pytest.mark.parametrize("reply, seen, uses, whole", [
+    ("The tool answered. I will repeat its result.\n</think>\n\nLantern means light in a transparent protective case with a handle.",
+     True, True, True),
+    ("\n</think>\n\nLantern means light in a transparent protective case.", True, True, False),
+    # no thought closed: the same words are reasoning to the server, and a client sees no answer
+    ("Lantern means light in a transparent protective case with a handle.", False, True, True),
+])
+def test_a_tool_answer_counts_as_shown_only_where_the_server_shows_it(reply, seen, uses, whole):
+    import eval_v3
+    from webapp.api.text import ReplyShaper, join
+
+    answer, used, copied, closed = eval_v3.read_answer(DEFINITION, reply)
+    assert (used, copied, closed) == (uses, whole, seen)
+    shaper = ReplyShaper(tools=True, reasoning=True, in_reasoning=True)   # the prompt opened <think>
+    deltas = shaper.feed(reply)
+    content, _ = join(deltas + shaper.finish()[0])
+    assert (content.strip() == answer) == seen and bool(content.strip()) == seen

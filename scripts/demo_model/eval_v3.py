@@ -11,7 +11,8 @@
           (EVAL_NAMES: the model must copy the offered name), get_weather and one or two others; T=0.6:
           right = one call, parsed by the server's own parser (webapp/api/toolcalls.py), of the offered
           dictionary with the word; then, given the tool's result, whether the answer repeats the
-          definition (its first six words, evaluate.py's rule; and whether it holds the whole of it)
+          definition (its first six words, evaluate.py's rule; and whether it holds the whole of it), and
+          whether a client sees it as `content` (the thought the prompt opens was closed first)
 
     python scripts/demo_model/eval_v3.py models/demo --json docs/bench/2026-12-02/demo-v2-eval-v3.json
     python scripts/demo_model/eval_v3.py models/demo --parts tools --hold-calls --json ...   # calls held
@@ -78,7 +79,7 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
 
     rng = random.Random(seed)
     lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=temperature, top_p=0.95, top_k=20))
-    named = used = copied = 0
+    named = used = copied = shown = 0
     rows = []
     for i, e in enumerate(items):
         name, arg = EVAL_NAMES[i % len(EVAL_NAMES)], rng.choice(EVAL_ARGS)
@@ -105,16 +106,26 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
         result = json.dumps({"word": e["word"], "definition": e["definition"]})
         msgs += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": result}]
         ids, _ = lane.generate(render(ad, msgs, tools=tools), max_tokens=96)
-        answer = ad.tokenizer.decode(ids).split("</think>")[-1].strip()
-        uses = " ".join(e["definition"].lower().split()[:6]) in " ".join(answer.lower().split())
-        whole = full_copy(e["definition"], answer)
+        answer, uses, whole, closed = read_answer(e["definition"], ad.tokenizer.decode(ids))
         used += uses
         copied += whole
+        shown += uses and closed
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses,
-                     "full_copy": whole})
+                     "full_copy": whole, "thought_closed": closed})
     return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named,
-            "answers_using_result": used, "answers_copying_it_whole": copied, **call_counts(rows), "rows": rows}
+            "answers_using_result": used, "answers_copying_it_whole": copied,
+            "answers_using_it_as_content": shown, "thoughts_closed": sum(r["thought_closed"] for r in rows), **call_counts(rows), "rows": rows}
+
+
+def read_answer(definition: str, reply: str):
+    """(answer, uses the result, copies it whole, thought closed) of a reply to a tool's result.
+    The prompt opens a thought (thinking on, the app's default): an answer the model writes
+    without closing it first is reasoning to the server (webapp/api/text.py), so a client's
+    `content` stays empty. The answer is read after the thought either way."""
+    answer = reply.split("</think>")[-1].strip()
+    uses = " ".join(definition.lower().split()[:6]) in " ".join(answer.lower().split())
+    return answer, uses, full_copy(definition, answer), "</think>" in reply
 
 
 def full_copy(definition: str, answer: str) -> bool:
