@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i / v3j corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -39,6 +39,7 @@ LIMITS["v3h"] = {**LIMITS["v3g"], "spans_min": 5000, "senses_min": 500}
 # v3i: v3h's with the dictionary results to copy: 15+-word ones not answerable from memory, and the
 # share that is (its more look-ups a conversation add tokens)
 LIMITS["v3i"] = {**LIMITS["v3h"], "tokens_max": 15_000_000, "copy15_min": 2000, "remembered_max": 0.20}
+LIMITS["v3j"] = LIMITS["v3i"]
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -348,11 +349,11 @@ def check_v3h(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems[:40]
 
 
-def check_v3i(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3i(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3i") -> list:
     """v3i: v3h's checks; at least LIMITS' dictionary results of 15+ words that only copying can
     answer, and at most LIMITS' share of results that repeat a definition the corpus teaches."""
     lim = lim or LIMITS["v3i"]
-    problems = check_v3h(work, lim, held, variant="v3i")
+    problems = check_v3h(work, lim, held, variant=variant)
     stats = json.loads((Path(work) / "corpus" / "stats.json").read_text())["v3e"]
     n, remembered = stats.get("dict_results", 0), stats.get("dict_results_remembered", 0)
     if stats.get("dict_results_15plus_to_copy", 0) < lim["copy15_min"]:
@@ -364,8 +365,26 @@ def check_v3i(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
+def check_v3j(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3j: v3i's checks, and no trained reply to a tool's result that starts without a thought
+    (every such reply in the history form is context: conversations.render_doc)."""
+    lim = lim or LIMITS["v3j"]
+    problems = check_v3i(work, lim, held, variant="v3j")
+    bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        for m in bare.finditer(d["text"]):
+            if any(a <= m.end() < b for a, b in d.get("spans", ())):
+                problems.append(f"a {d['kind']} document trains a reply to a tool's result without a thought: "
+                                f"{d['text'][m.end(): m.end() + 60]!r}")
+                break
+        if len(problems) > 40:
+            break
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
-          "v3h": check_v3h, "v3i": check_v3i}
+          "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j}
 
 
 def main():

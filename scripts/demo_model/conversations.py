@@ -136,13 +136,17 @@ class Renderer:
         return out[0]
 
 
-def render_doc(render, msgs, tools, thinking, check=False):
+def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=True):
     """The whole conversation as one text, and the character spans of the assistant replies (what
     the model writes). `thinking` (True / False, as the app always passes it) sets the generation
     prompt of the replies after the last user question: a <think> block that the reply continues,
     or an empty one; earlier replies are in the history form the template re-renders them in
     (without thinking). With `check`, each of those last replies is checked to start exactly where
-    the generation prompt of the conversation so far ends: every prefix is an inference prompt."""
+    the generation prompt of the conversation so far ends: every prefix is an inference prompt.
+    With `history_after_tool` False, a history reply to a tool's result is context, not a span: it
+    starts right after `<|im_start|>assistant\n`, where no inference reply ever starts (the prompt
+    opens a thought first), and in v3i such replies outnumbered the ones that think (V3_PLAN
+    section 26: the model learnt to answer a tool's result inside the thought it was given)."""
     last_q = max(i for i, m in enumerate(msgs) if m["role"] == "user")
     hist = render(msgs, tools, enable_thinking=thinking)
     if thinking is False:  # the empty think block is written by the generation prompt only
@@ -162,7 +166,8 @@ def render_doc(render, msgs, tools, thinking, check=False):
         elif i == len(msgs) - 1 and thinking is False:
             start += len("<think>\n\n</think>\n\n")
         at = text.index("<|im_end|>\n", start) + len("<|im_end|>\n")
-        spans.append((start, at))
+        if history_after_tool or i > last_q or msgs[i - 1]["role"] != "tool":
+            spans.append((start, at))
         if check and (i > last_q and thinking or i == len(msgs) - 1):
             prompt = render(msgs[:i], tools, add_generation_prompt=True, enable_thinking=thinking)
             assert text[:start] == prompt, (text[max(0, start - 80): start], prompt[-80:])

@@ -115,6 +115,11 @@ VARIANTS["v3h"] = {**VARIANTS["v3g"], "n_span": 6000, "other_senses": True, "per
 VARIANTS["v3i"] = {**VARIANTS["v3h"], "long_glosses": True, "sense_last": 6, "mid_words": True,
                    "dict_strata": ((2, 8, 0.35), (9, 14, 0.35), (15, 32, 0.30)), "recall_share": 0.10,
                    "lookups": (1, 2, 2, 3, 4)}
+# v3j: v3i's corpus with the history replies to a tool's result left untrained (context, weighted as
+# prompts are): v3i-ft, fine-tuned on v3i's tool conversations, answered a tool's result inside the
+# thought the prompt opens in 50 of 50 (V3_PLAN section 26), and v3i held 9,342 such replies that start
+# right after `<|im_start|>assistant\n` against 8,667 that think first (v3h: 2,251 against 8,686)
+VARIANTS["v3j"] = {**VARIANTS["v3i"], "untrained_tool_history": True}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -333,7 +338,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
             lq = max(i for i, m in enumerate(msgs) if m["role"] == "user")
             for m in msgs[:lq]:
                 m.pop("reasoning_content", None)
-        text, spans = C.render_doc(render, msgs, tools, thinking, check=len(docs) % 300 == 0)
+        text, spans = C.render_doc(render, msgs, tools, thinking, check=len(docs) % 300 == 0,
+                                   history_after_tool=not cfg.get("untrained_tool_history"))
         docs.append({"kind": kind, "text": text, "spans": spans})
         if shown[kind] < examples:
             shown[kind] += 1
