@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i / v3j corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i / v3j / v3k corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -39,7 +39,7 @@ LIMITS["v3h"] = {**LIMITS["v3g"], "spans_min": 5000, "senses_min": 500}
 # v3i: v3h's with the dictionary results to copy: 15+-word ones not answerable from memory, and the
 # share that is (its more look-ups a conversation add tokens)
 LIMITS["v3i"] = {**LIMITS["v3h"], "tokens_max": 15_000_000, "copy15_min": 2000, "remembered_max": 0.20}
-LIMITS["v3j"] = LIMITS["v3i"]
+LIMITS["v3j"] = LIMITS["v3k"] = LIMITS["v3i"]
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -240,7 +240,7 @@ def reply_tokens_by_kind(work: Path) -> dict | None:
     kinds = [json.loads(l)["kind"] for l in open(Path(work) / "corpus" / "docs.jsonl")]
     mask = np.load(data / "mask.npy")
     starts = np.append(np.load(data / "docs.npy"), len(mask))
-    cum = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+    cum = np.concatenate([[0], np.cumsum(mask == 1, dtype=np.int64)])
     out = {}
     for k, a, b in zip(kinds, starts[:-1], starts[1:]):
         out[k] = out.get(k, 0) + int(cum[b] - cum[a])
@@ -365,11 +365,11 @@ def check_v3i(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems
 
 
-def check_v3j(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3j(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3j") -> list:
     """v3j: v3i's checks, and no trained reply to a tool's result that starts without a thought
     (every such reply in the history form is context: conversations.render_doc)."""
-    lim = lim or LIMITS["v3j"]
-    problems = check_v3i(work, lim, held, variant="v3j")
+    lim = lim or LIMITS[variant]
+    problems = check_v3i(work, lim, held, variant=variant)
     bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
@@ -383,8 +383,38 @@ def check_v3j(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
+def check_v3k(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3k: v3j's checks, and every reply to a tool's result in the history form (before the last
+    user turn) read only: a quiet span of its document, and, once encoded, mask.npy 2 (which
+    train_torch weighs 0)."""
+    import numpy as np
+
+    problems = check_v3j(work, lim, held, variant="v3k")
+    bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
+    quiet = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        starts = {a for a, _ in d.get("quiet", ())}
+        quiet += len(starts)
+        last_q = d["text"].rfind("<|im_start|>user\n")   # the replies after it think (render_doc)
+        for m in bare.finditer(d["text"]):
+            if m.end() < last_q and m.end() not in starts:
+                problems.append(f"a {d['kind']} document reads a reply to a tool's result without a thought "
+                                f"that is not quiet: {d['text'][m.end(): m.end() + 60]!r}")
+                break
+        if len(problems) > 40:
+            break
+    if not quiet:
+        problems.append("no quiet span: the history replies to a tool's result would weigh as prompts do")
+    data = Path(work) / "data" / "mask.npy"
+    if quiet and data.exists() and not (np.load(data) == 2).any():
+        problems.append("mask.npy marks nothing read only (2): the quiet spans did not reach the encoding")
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
-          "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j}
+          "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j,
+          "v3k": check_v3k}
 
 
 def main():

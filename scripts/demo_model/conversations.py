@@ -136,7 +136,7 @@ class Renderer:
         return out[0]
 
 
-def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=True):
+def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=True, quiet=None):
     """The whole conversation as one text, and the character spans of the assistant replies (what
     the model writes). `thinking` (True / False, as the app always passes it) sets the generation
     prompt of the replies after the last user question: a <think> block that the reply continues,
@@ -146,7 +146,9 @@ def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=Tr
     With `history_after_tool` False, a history reply to a tool's result is context, not a span: it
     starts right after `<|im_start|>assistant\n`, where no inference reply ever starts (the prompt
     opens a thought first), and in v3i such replies outnumbered the ones that think (V3_PLAN
-    section 26: the model learnt to answer a tool's result inside the thought it was given)."""
+    section 26: the model learnt to answer a tool's result inside the thought it was given). Such a
+    reply is appended to `quiet` when it is a list: the encoder then weighs it 0, not as a prompt
+    (v3k: at a prompt's weight, v3j's 9,342 of them still outweighed v3h's 2,251 trained ones)."""
     last_q = max(i for i, m in enumerate(msgs) if m["role"] == "user")
     hist = render(msgs, tools, enable_thinking=thinking)
     if thinking is False:  # the empty think block is written by the generation prompt only
@@ -168,6 +170,8 @@ def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=Tr
         at = text.index("<|im_end|>\n", start) + len("<|im_end|>\n")
         if history_after_tool or i > last_q or msgs[i - 1]["role"] != "tool":
             spans.append((start, at))
+        elif quiet is not None:
+            quiet.append((start, at))
         if check and (i > last_q and thinking or i == len(msgs) - 1):
             prompt = render(msgs[:i], tools, add_generation_prompt=True, enable_thinking=thinking)
             assert text[:start] == prompt, (text[max(0, start - 80): start], prompt[-80:])

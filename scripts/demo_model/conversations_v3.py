@@ -120,6 +120,9 @@ VARIANTS["v3i"] = {**VARIANTS["v3h"], "long_glosses": True, "sense_last": 6, "mi
 # thought the prompt opens in 50 of 50 (V3_PLAN section 26), and v3i held 9,342 such replies that start
 # right after `<|im_start|>assistant\n` against 8,667 that think first (v3h: 2,251 against 8,686)
 VARIANTS["v3j"] = {**VARIANTS["v3i"], "untrained_tool_history": True}
+# v3k: v3j's with those replies weighed 0 (mask 2), not as prompts are: at 0.3 v3j's 9,342 still weigh
+# more than v3h's 2,251 trained ones, and v3h-more already left 5 of 50 thoughts open
+VARIANTS["v3k"] = {**VARIANTS["v3j"], "quiet_tool_history": True}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -338,9 +341,10 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
             lq = max(i for i, m in enumerate(msgs) if m["role"] == "user")
             for m in msgs[:lq]:
                 m.pop("reasoning_content", None)
+        quiet = [] if cfg.get("quiet_tool_history") else None
         text, spans = C.render_doc(render, msgs, tools, thinking, check=len(docs) % 300 == 0,
-                                   history_after_tool=not cfg.get("untrained_tool_history"))
-        docs.append({"kind": kind, "text": text, "spans": spans})
+                                   history_after_tool=not cfg.get("untrained_tool_history"), quiet=quiet)
+        docs.append({"kind": kind, "text": text, "spans": spans, **({"quiet": quiet} if quiet else {})})
         if shown[kind] < examples:
             shown[kind] += 1
             print(f"--- {kind} example {shown[kind]}\n{text}\n", flush=True)

@@ -80,7 +80,7 @@ def main():
     for i in picked:
         by_kind[kinds[i]] = by_kind.get(kinds[i], 0) + int(lengths[i])
     info = {"from": str(src), "shares": a.shares, "seed": a.seed, "tokens": int(sum(by_kind.values())),
-            "docs": len(picked), "reply_tokens": int(sum(int(mask[p].sum()) for p in pieces)),
+            "docs": len(picked), "reply_tokens": int(sum(int((mask[p] == 1).sum()) for p in pieces)),
             "tokens_by_kind": dict(sorted(by_kind.items()))}
     (out / "data_info.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info))

@@ -121,8 +121,14 @@ def _span_mask(offsets, spans):
     return m
 
 
+def doc_mask(offsets, doc):
+    """A document's mask.npy values: 1 in its spans (written), 2 in its quiet spans (read only)."""
+    return _span_mask(offsets, doc["spans"]) + 2 * _span_mask(offsets, doc.get("quiet", ()))
+
+
 def encode_corpus(corpus_dir, tok_dir, out_dir):
-    """tokens.npy: documents, each followed by <|endoftext|> (id 0); mask.npy: what the model writes;
+    """tokens.npy: documents, each followed by <|endoftext|> (id 0); mask.npy: 1 on what the model
+    writes, 2 on what it reads but must not learn to write (a document's "quiet" spans), 0 elsewhere;
     docs.npy: where each document starts."""
     from tokenizers import Tokenizer
 
@@ -139,13 +145,13 @@ def encode_corpus(corpus_dir, tok_dir, out_dir):
     for j, (d, e) in enumerate(zip(docs, encs)):
         starts[j] = i
         arr[i: i + len(e.ids)] = e.ids
-        mask[i: i + len(e.ids)] = _span_mask(e.offsets, d["spans"])
+        mask[i: i + len(e.ids)] = doc_mask(e.offsets, d)
         arr[i + len(e.ids)] = 0
         i += len(e.ids) + 1
     np.save(out_dir / "tokens.npy", arr)
     np.save(out_dir / "mask.npy", mask)
     np.save(out_dir / "docs.npy", starts)
-    info = {"tokens": int(n), "docs": len(docs), "reply_tokens": int(mask.sum()),
+    info = {"tokens": int(n), "docs": len(docs), "reply_tokens": int((mask == 1).sum()),
             "chars_per_token": round(sum(len(d["text"]) for d in docs) / n, 3),
             "doc_tokens_p50_p90_max": [int(x) for x in np.percentile(np.diff(np.append(starts, n)), [50, 90, 100])]}
     encode_prompts(corpus_dir, out_dir, tok_dir)

@@ -72,7 +72,8 @@ def pack_windows(starts, n_tokens, size, rng, open_windows=16):
 def packed_batches(data_dir, batch, seq, rng):
     """Batches of (ids [B, seq], loss weights [B, seq]) from whole documents packed into windows of
     seq tokens; weight 1 on what the model writes (replies, prose), `other_w` elsewhere (set by the
-    caller through the mask), 0 on the padding of a window that documents did not fill."""
+    caller through the mask), 0 on the padding of a window that documents did not fill and on what
+    the mask marks read only (2)."""
     tokens = np.load(Path(data_dir) / "tokens.npy")
     mask = np.load(Path(data_dir) / "mask.npy")
     starts = np.load(Path(data_dir) / "docs.npy")
@@ -82,7 +83,7 @@ def packed_batches(data_dir, batch, seq, rng):
         order = rng.permutation(len(wins))
         for b in range(0, len(order) - batch + 1, batch):
             ids = np.full((batch, seq), PAD, dtype=np.int64)
-            w = np.zeros((batch, seq), dtype=np.uint8)   # 0 pad, 1 context, 2 written by the model
+            w = np.zeros((batch, seq), dtype=np.uint8)   # 0 pad, 1 context, 2 written, 3 read only (mask 2)
             for r, k in enumerate(order[b: b + batch]):
                 at = 0
                 for s, ln in wins[k]:
@@ -91,6 +92,11 @@ def packed_batches(data_dir, batch, seq, rng):
                     at += ln
             yield torch.from_numpy(ids), torch.from_numpy(w), epoch
         epoch += 1
+
+
+def loss_weights(other_w, dev="cpu"):
+    """The loss weight of each index packed_batches yields: pad, context, written, read only."""
+    return torch.tensor([0.0, other_w, 1.0, 0.0], device=dev)
 
 
 def weighted_mean(x, w):
@@ -284,7 +290,7 @@ def main():
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, a, dev)
     it = packed_batches(a.data, a.batch, a.seq, rng)
-    weight_of = torch.tensor([0.0, a.other_w, 1.0], device=dev)  # pad, context, written
+    weight_of = loss_weights(a.other_w, dev)
     t0 = time.time()
     step = seen = 0
     model.train()
