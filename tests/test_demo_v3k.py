@@ -117,3 +117,34 @@ def test_v3k_is_registered_and_leaves_v3j_as_it_was():
     assert CV3.VARIANTS["v3k"] == {**CV3.VARIANTS["v3j"], "quiet_tool_history": True}
     assert "quiet_tool_history" not in CV3.VARIANTS["v3j"]
     assert "v3k" in prepare_v3.WORKS and "v3k" in check_v3.CHECKS and check_v3.LIMITS["v3k"] == check_v3.LIMITS["v3j"]
+
+
+def test_v3l_trains_the_answer_after_a_call_sent_back_without_its_thought():
+    """The openai client sends a call back without its reasoning, so the template renders it bare and
+    the app's prompt then opens `<think>\\n`: v3l trains the thinking answer there, and leaves the
+    bare call (which the model wrote after a thought) as context."""
+    import check_v3
+
+    msgs, tools = _look_ups()
+    lq = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    for m in msgs[lq:-1]:
+        m.pop("reasoning_content", None)
+    quiet = []
+    text, spans = C.render_doc(C.Renderer(), msgs, tools, True, check=True, history_after_tool=False, quiet=quiet)
+    call = text.rindex("<|im_start|>user\n" + msgs[lq]["content"])
+    call = text.index("<|im_start|>assistant\n", call) + len("<|im_start|>assistant\n")
+    assert text.startswith("<tool_call>", call)                  # rendered bare, as a client's history
+    assert call in [a for a, _ in quiet] and call not in [a for a, _ in spans]
+    last = spans[-1][0]
+    assert text[:last].endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert msgs[-1]["reasoning_content"] in text[last: spans[-1][1]]
+    assert [m.end() for m in check_v3.AFTER_BARE_CALL.finditer(text)] == [last]
+
+
+def test_v3l_is_registered_and_leaves_v3k_as_it_was():
+    import check_v3
+    import prepare_v3
+
+    assert CV3.VARIANTS["v3l"] == {**CV3.VARIANTS["v3k"], "client_drops_thoughts": 0.5}
+    assert "v3l" in prepare_v3.WORKS and "v3l" in check_v3.CHECKS
+    assert check_v3.LIMITS["v3l"] == {**check_v3.LIMITS["v3k"], "after_bare_call_min": 2000, "listed_min": 0.35}

@@ -1,4 +1,4 @@
-"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i / v3j / v3k corpus must hold before a GPU call trains on it (issue 35):
+"""What a prepared v3c / v3d / v3e / v3f / v3g / v3h / v3i / v3j / v3k / v3l corpus must hold before a GPU call trains on it (issue 35):
 prepare_v3.py runs these after its data step and stops on any problem;
 `python scripts/demo_model/check_v3.py --variant v3e` re-checks a folder already prepared.
 
@@ -40,6 +40,9 @@ LIMITS["v3h"] = {**LIMITS["v3g"], "spans_min": 5000, "senses_min": 500}
 # share that is (its more look-ups a conversation add tokens)
 LIMITS["v3i"] = {**LIMITS["v3h"], "tokens_max": 15_000_000, "copy15_min": 2000, "remembered_max": 0.20}
 LIMITS["v3j"] = LIMITS["v3k"] = LIMITS["v3i"]
+# v3l: half the thinking calls lose their listing thought as a client sends them back (the bare call
+# is context), so fewer documents hold one: 3,650 of 8,844
+LIMITS["v3l"] = {**LIMITS["v3k"], "after_bare_call_min": 2000, "listed_min": 0.35}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -383,13 +386,13 @@ def check_v3j(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems
 
 
-def check_v3k(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3k(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3k") -> list:
     """v3k: v3j's checks, and every reply to a tool's result in the history form (before the last
     user turn) read only: a quiet span of its document, and, once encoded, mask.npy 2 (which
     train_torch weighs 0)."""
     import numpy as np
 
-    problems = check_v3j(work, lim, held, variant="v3k")
+    problems = check_v3j(work, lim, held, variant=variant)
     bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
     quiet = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
@@ -412,9 +415,35 @@ def check_v3k(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
+# a thinking answer to a tool's result after a call rendered bare (its thought not sent back)
+AFTER_BARE_CALL = re.compile(r"<\|im_start\|>assistant\n<tool_call>(?:(?!<\|im_start\|>user\n(?!<tool_response>)).)*?"
+                             r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n<think>\n(?!\n</think>)", re.S)
+
+
+def check_v3l(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3l: v3k's checks, and at least LIMITS' after_bare_call_min answers that think after a call a
+    client sent back without its thought (trained, from right after the `<think>\n` the prompt opens),
+    no such call trained (the model wrote it after a thought)."""
+    lim = lim or LIMITS["v3l"]
+    problems = check_v3k(work, lim, held, variant="v3l")
+    found = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        for m in AFTER_BARE_CALL.finditer(d["text"]):
+            found += any(a == m.end() for a, _ in d["spans"])
+            call = m.start() + len("<|im_start|>assistant\n")
+            if any(a == call for a, _ in d["spans"]):
+                problems.append(f"a {d['kind']} document trains a call whose thought was dropped: "
+                                f"{d['text'][call: call + 60]!r}")
+    if found < lim["after_bare_call_min"]:
+        problems.append(f"{found} answers think after a call sent back without its thought, "
+                        f"fewer than {lim['after_bare_call_min']}")
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
           "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j,
-          "v3k": check_v3k}
+          "v3k": check_v3k, "v3l": check_v3l}
 
 
 def main():

@@ -148,7 +148,9 @@ def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=Tr
     opens a thought first), and in v3i such replies outnumbered the ones that think (V3_PLAN
     section 26: the model learnt to answer a tool's result inside the thought it was given). Such a
     reply is appended to `quiet` when it is a list: the encoder then weighs it 0, not as a prompt
-    (v3k: at a prompt's weight, v3j's 9,342 of them still outweighed v3h's 2,251 trained ones)."""
+    (v3k: at a prompt's weight, v3j's 9,342 of them still outweighed v3h's 2,251 trained ones). A
+    reply after the last question that has no thought while thinking is on (a call whose thought the
+    client did not send back, as the openai client does not: v3l) is context too, or quiet."""
     last_q = max(i for i, m in enumerate(msgs) if m["role"] == "user")
     hist = render(msgs, tools, enable_thinking=thinking)
     if thinking is False:  # the empty think block is written by the generation prompt only
@@ -163,16 +165,19 @@ def render_doc(render, msgs, tools, thinking, check=False, history_after_tool=Tr
         if m["role"] != "assistant":
             continue
         start = text.index("<|im_start|>assistant\n", at) + len("<|im_start|>assistant\n")
-        if i > last_q and thinking:
-            start = text.index("<think>\n", start) + len("<think>\n")
+        # a reply after the last question without its thought: one a client sent back without it (the
+        # template renders it bare, as history); the model wrote it after a thought, so it is context
+        dropped = i > last_q and thinking and not text.startswith("<think>\n", start)
+        if i > last_q and thinking and not dropped:
+            start += len("<think>\n")
         elif i == len(msgs) - 1 and thinking is False:
             start += len("<think>\n\n</think>\n\n")
         at = text.index("<|im_end|>\n", start) + len("<|im_end|>\n")
-        if history_after_tool or i > last_q or msgs[i - 1]["role"] != "tool":
+        if not dropped and (history_after_tool or i > last_q or msgs[i - 1]["role"] != "tool"):
             spans.append((start, at))
         elif quiet is not None:
             quiet.append((start, at))
-        if check and (i > last_q and thinking or i == len(msgs) - 1):
+        if check and (i > last_q and thinking and not dropped or i == len(msgs) - 1):
             prompt = render(msgs[:i], tools, add_generation_prompt=True, enable_thinking=thinking)
             assert text[:start] == prompt, (text[max(0, start - 80): start], prompt[-80:])
     return text, spans

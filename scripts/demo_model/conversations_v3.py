@@ -123,6 +123,11 @@ VARIANTS["v3j"] = {**VARIANTS["v3i"], "untrained_tool_history": True}
 # v3k: v3j's with those replies weighed 0 (mask 2), not as prompts are: at 0.3 v3j's 9,342 still weigh
 # more than v3h's 2,251 trained ones, and v3h-more already left 5 of 50 thoughts open
 VARIANTS["v3k"] = {**VARIANTS["v3j"], "quiet_tool_history": True}
+# v3l: v3k's with half the thinking conversations' earlier replies after the last question sent back
+# without their thought, as clients do: in v3k a call rendered bare came only in conversations with
+# thinking off, where the answer follows `<think>\n\n</think>\n\n`, so after a client's bare call and
+# the `<think>\n` the app's prompt opens, v3k-ft answered inside the thought (47 of 50, V3_PLAN section 27)
+VARIANTS["v3l"] = {**VARIANTS["v3k"], "client_drops_thoughts": 0.5}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -331,6 +336,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
             msgs += [C.user(d["messages"][i]), C.assistant(d["messages"][i + 1])]
         return msgs
 
+    drops = random.Random(seed + 1) if cfg.get("client_drops_thoughts") else None   # its own stream: v3k's text stays
+
     def emit(kind, msgs, tools, thinking, last=None):
         if thinking and last is not None and msgs[-1]["role"] == "assistant" and "reasoning_content" not in msgs[-1]:
             msgs[-1]["reasoning_content"] = V3.thought(last)
@@ -341,6 +348,11 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
             lq = max(i for i, m in enumerate(msgs) if m["role"] == "user")
             for m in msgs[:lq]:
                 m.pop("reasoning_content", None)
+            # v3l: as a client sends a call back, without its thought (the openai client keeps no
+            # reasoning), so the answer to its result must think after a bare call, too
+            if drops is not None and drops.random() < cfg["client_drops_thoughts"]:
+                for m in msgs[lq:-1]:
+                    m.pop("reasoning_content", None)
         quiet = [] if cfg.get("quiet_tool_history") else None
         text, spans = C.render_doc(render, msgs, tools, thinking, check=len(docs) % 300 == 0,
                                    history_after_tool=not cfg.get("untrained_tool_history"), quiet=quiet)
