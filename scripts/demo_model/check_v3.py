@@ -368,15 +368,18 @@ def check_v3i(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems
 
 
+# a reply to a tool's result that starts without a thought: the history form (conversations.render_doc)
+BARE_AFTER_TOOL = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
+
+
 def check_v3j(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3j") -> list:
     """v3j: v3i's checks, and no trained reply to a tool's result that starts without a thought
     (every such reply in the history form is context: conversations.render_doc)."""
     lim = lim or LIMITS[variant]
     problems = check_v3i(work, lim, held, variant=variant)
-    bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
-        for m in bare.finditer(d["text"]):
+        for m in BARE_AFTER_TOOL.finditer(d["text"]):
             if any(a <= m.end() < b for a, b in d.get("spans", ())):
                 problems.append(f"a {d['kind']} document trains a reply to a tool's result without a thought: "
                                 f"{d['text'][m.end(): m.end() + 60]!r}")
@@ -393,14 +396,13 @@ def check_v3k(work: Path, lim: dict | None = None, held: set | None = None, vari
     import numpy as np
 
     problems = check_v3j(work, lim, held, variant=variant)
-    bare = re.compile(r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n(?!<think>)")
     quiet = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
         starts = {a for a, _ in d.get("quiet", ())}
         quiet += len(starts)
         last_q = d["text"].rfind("<|im_start|>user\n")   # the replies after it think (render_doc)
-        for m in bare.finditer(d["text"]):
+        for m in BARE_AFTER_TOOL.finditer(d["text"]):
             if m.end() < last_q and m.end() not in starts:
                 problems.append(f"a {d['kind']} document reads a reply to a tool's result without a thought "
                                 f"that is not quiet: {d['text'][m.end(): m.end() + 60]!r}")

@@ -79,7 +79,6 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
 
     rng = random.Random(seed)
     lane = AutoregressiveDecoder(ad, sampler=SamplerConfig(temperature=temperature, top_p=0.95, top_k=20))
-    named = used = copied = 0
     rows = []
     for i, e in enumerate(items):
         name, arg = EVAL_NAMES[i % len(EVAL_NAMES)], rng.choice(EVAL_ARGS)
@@ -101,19 +100,18 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
                 ok = e["word"] in vals
             except ValueError:
                 pass
-        named += ok
         call = {"type": "function", "function": {"name": name, "arguments": json.dumps({arg: e["word"]})}}
         result = json.dumps({"word": e["word"], "definition": e["definition"]})
         msgs += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": result}]
         ids, _ = lane.generate(render(ad, msgs, tools=tools), max_tokens=96)
         answer, uses, whole, closed = read_answer(e["definition"], ad.tokenizer.decode(ids))
-        used += uses
-        copied += whole
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses,
                      "full_copy": whole, "thought_closed": closed})
-    return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "named_offered_tool": named,
-            "answers_using_result": used, "answers_copying_it_whole": copied,
+    return {"requests": len(rows), "held_calls": hold, "temperature": temperature,
+            "named_offered_tool": sum(r["names_offered_tool_with_word"] for r in rows),
+            "answers_using_result": sum(r["uses_result"] for r in rows),
+            "answers_copying_it_whole": sum(r["full_copy"] for r in rows),
             "answers_using_it_as_content": sum(r["uses_result"] and r["thought_closed"] for r in rows),
             "thoughts_closed": sum(r["thought_closed"] for r in rows), **call_counts(rows), "rows": rows}
 
