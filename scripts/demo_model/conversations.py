@@ -6,7 +6,7 @@ Why each part is there (v1's measured weaknesses, models/demo/README.md):
     tokens of context to 0.65-0.69 at 2-3.5k. Here a third of the documents are conversations
     of 1.5-4k tokens (many turns, follow-ups on the same word, a system prompt, a long passage
     pasted before a question, as `bench.py --context` pads its prompts), packed whole into
-    4,096-token training windows (train_torch.pack_windows).
+    4,096-token training windows (windows.pack_windows).
   * everyday questions (everyday.py), and no duplication: v1 repeated each Python FAQ answer 4
     times and drew 6,000 small-talk replies from 4 sentences; its loops were long answers it had
     memorised badly. Every exchange appears once here, FAQ questions in one phrasing.

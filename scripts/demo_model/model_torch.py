@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+from windows import PAD  # <|endoftext|>, the padding of training windows and of batches
 
 EOS = 2  # <|im_end|>
-PAD = 0  # <|endoftext|>
 
 
 # ----------------------------------------------------------------------------------- model
