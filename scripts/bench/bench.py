@@ -77,6 +77,18 @@ def run_mlx_lm(adapter, prompt_ids, max_tokens, sampler_cfg, seed) -> dict:
     }
 
 
+# One load per checkpoint and process: bench_grid.py and --context run main() several times, and a
+# GPU load (kernels checked, layers compiled) costs more than a short paired run.
+_LOADED: dict = {}
+
+
+def loaded_adapter(model, hidden_variant, drafter):
+    key = (str(model), hidden_variant, drafter)
+    if key not in _LOADED:
+        _LOADED[key] = load_adapter(model, hidden_variant=hidden_variant, drafter=drafter)
+    return _LOADED[key]
+
+
 def median_of(runs, key):
     return statistics.median(r[key] for r in runs)
 
@@ -124,7 +136,7 @@ def main(argv=None) -> int:
     depth = "auto" if args.depth == "auto" else int(args.depth)
     sampler, prompts = sampler_and_prompts(args)
     print(describe_runtime(), file=sys.stderr)
-    adapter = load_adapter(args.model, hidden_variant=args.hidden_variant, drafter=args.drafter)
+    adapter = loaded_adapter(args.model, args.hidden_variant, args.drafter)
     print(adapter.describe(), file=sys.stderr)
     context = args.context[0] if args.context else None
     encoded = [

@@ -85,6 +85,7 @@ fi
 run() { timeout "${STEP_TIMEOUT:-3600}" "$@"; }
 bench() { run $PY scripts/bench/bench.py "$@" 2>&1 | grep -v "regex pattern" | tail -n 25; }
 for stage in $STAGES; do
+  echo "=== gpu_bench.sh [$SECONDS s] $stage"   # where a run's minutes go, stage by stage
   case $stage in
     exact) run $PY scripts/gpu/gpu_exact.py --model "$CKPT" --json "$OUT/exact_9b.json" --parity-context 8192 \
              --context 64 --context 2048 --context 8192 --context 32768 ;;
@@ -113,9 +114,9 @@ for stage in $STAGES; do
     base) MTP_CHAT_GPU_KERNELS=0 bench --model "$CKPT" --depth 2 "${greedy[@]}" --json "$OUT/bench_off_d2.json" ;;
     demo) bench --model models/demo --depth 2 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 128 \
             --repeats 5 --json "$OUT/demo.json" ;;
-    demo_depths) for t in 0 0.6; do for d in 1 2 3; do
-                   bench --model models/demo --depth "$d" --temperature "$t" --top-p 0.95 --top-k 20 --max-tokens 128 \
-                     --repeats 3 --json "$OUT/demo_t${t}_d$d.json"; done; done ;;
+    demo_depths) run $PY scripts/bench/bench_grid.py --model models/demo --temperatures 0 0.6 --depths 1 2 3 \
+                   --json "$OUT/demo_t{t}_d{d}.json" -- --top-p 0.95 --top-k 20 --max-tokens 128 --repeats 3 2>&1 \
+                   | grep -v "regex pattern" | grep -E '^---|speedup_vs_ar"|ar_vs_mlx_lm|acceptance"' ;;
     long) run $PY scripts/gpu/gpu_long.py --model "$CKPT" --json "$OUT/long_9b.json" \
             --context 64 --context 8192 --context 32768 --context 131072 2>&1 | grep -v "regex pattern" ;;
     batch) for n in 64 256; do
