@@ -40,6 +40,18 @@ from .stats import WallClock
 from .stream import Lane
 
 
+def default_max_batch() -> int:
+    """Sequences decoded together when `max_batch` is not set: 4 on an NVIDIA GPU, 1 elsewhere.
+    On CUDA a forward of 4 sequences reads the weights once for all (the row kernel), so 4 requests
+    at the 9B shape gave 2.68x one request's aggregate with AR and 2.58x with MTP at depth 2, each
+    reply equal to its reply alone (H100, docs/bench/2026-12-05/gpu-s28-targets2-batch_4.json). On
+    the CPU a batch of 4 gave 1.19x through the server, not worth a reply shown as shared; on Apple
+    GPUs it has not been measured."""
+    from .disk_cache import on_cuda
+
+    return 4 if on_cuda() else 1
+
+
 class Sequence:
     """One request in a batch: its decoder's settings, its decoding state between steps, and
     its event stream (`events`: the lane's own StreamEvents: stop strings, EOS, max_tokens, text)."""

@@ -105,7 +105,8 @@ class Settings(BaseSettings):
     # as alone (bit for bit, or up to ties where this machine's BLAS rounds a batch's rows
     # differently: core/exactness.py, said at start-up). max_batch sequences at once (1: one at a time); max_batched_tokens caps
     # the positions of one verify forward (an MTP request at depth D counts D + 1, an AR one 1).
-    max_batch: int = Field(1, ge=1, le=64)
+    # Unset: 4 on an NVIDIA GPU, where it pays, 1 elsewhere (core.batch.default_max_batch says why).
+    max_batch: Optional[int] = Field(None, ge=1, le=64)
     max_batched_tokens: int = Field(64, ge=1, le=4096)
     # A newcomer's prefill runs this many tokens per batched step while others decode: what a long
     # prompt that joins holds the others back by per step (scripts/bench/bench_batch.py measures it).

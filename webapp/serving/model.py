@@ -67,6 +67,13 @@ class ModelHost:
         self.has_thinking = "enable_thinking" in template
         self.reasoning = markers_for(template)   # <think> ... </think>, or Gemma 4's thought channel
         self.scheduler = None
+        if hasattr(settings, "max_batch") and settings.max_batch is None:
+            from core.batch import default_max_batch
+
+            settings.max_batch = default_max_batch()   # unset: batched where it pays (the GPU)
+            if settings.max_batch > 1:
+                log(f"batching: up to {settings.max_batch} replies decode together, each as alone "
+                    "(the default on an NVIDIA GPU; MTP_CHAT_MAX_BATCH=1 decodes one at a time)")
         if int(getattr(settings, "max_batch", 1) or 1) > 1:
             from .batching import BatchScheduler
 
