@@ -56,8 +56,10 @@
 #   batch4 bench_batch.py, 1 and 4 requests taking turns in 5 repeats, AR and MTP depth 2, 256 tokens -> batch_4.json
 #   oracle gpu_oracle.py: real cycles at the Qwythos acceptance, 256 tokens, 2 repeats -> oracle.json
 #   targets  scripts/gpu/gpu_targets.py: issue 32's done-when, figure by figure -> OUT_DIR/targets.json
-#   targets1 = "exact512 d2 targets" and targets2 = "long3 batch4 demo_depths oracle targets": the done-when
-#          in two runs of under 10 minutes each on one machine (the second reuses the first's checkpoint)
+#   targets1 = "exact512 d2 targets" and targets2 = "long3 batch4 demo_depths targets": the done-when
+#          in two runs of under 10 minutes each on one machine (the second reuses the first's checkpoint);
+#          targets3 = "oracle targets": real cycles at the Qwythos acceptance, reported beside the
+#          figures, not one of them (out of targets2 since targets2 took 612 s on a fresh H100)
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
 #          gpu_check.py (greedy parity, sampling), bench.py at depths 1-3 (T=0): verify cost for 2/3/4
 #          positions (a MoE verify routes every position: more experts touched than a decode step),
@@ -76,7 +78,8 @@ CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 STAGES=${STAGES//targets1/exact512 d2 targets}
-STAGES=${STAGES//targets2/long3 batch4 demo_depths oracle targets}
+STAGES=${STAGES//targets2/long3 batch4 demo_depths targets}
+STAGES=${STAGES//targets3/oracle targets}
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
 if ! [ -f "$CKPT/config.json" ] && [[ "$STAGES" == *d[123]* || "$STAGES" == *check* || "$STAGES" == *base* || "$STAGES" == *"exact "* || "$STAGES" == *exact || "$STAGES" == *profile* || "$STAGES" == *fused_gdn* || "$STAGES" == *attention* || "$STAGES" == *kernels* || "$STAGES" == *agent* || "$STAGES" == *batch* || "$STAGES" == *long* || "$STAGES" == *prefill* || "$STAGES" == *trials* || "$STAGES" == *tiles* || "$STAGES" == *parity32k* || "$STAGES" == *exact512* || "$STAGES" == *oracle* ]]; then

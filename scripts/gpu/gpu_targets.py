@@ -2,7 +2,8 @@
 """Issue 32's done-when, figure by figure, from the outputs of two gpu_bench.sh runs.
 
     STAGES=targets1 bash scripts/gpu/gpu_bench.sh OUT   # ~8 min: exactness at 512 tokens, AR vs mlx_lm
-    STAGES=targets2 bash scripts/gpu/gpu_bench.sh OUT   # ~8 min: step costs, 4 requests, demo, real cycles
+    STAGES=targets2 bash scripts/gpu/gpu_bench.sh OUT   # ~8 min: step costs, 4 requests, demo
+    STAGES=targets3 bash scripts/gpu/gpu_bench.sh OUT   # ~1-2 min: real cycles (beside the figures)
     python scripts/gpu/gpu_targets.py --dir OUT --json OUT/targets.json   (the `targets` stage)
 
 Reads from OUT (each file optional; a figure whose file is missing is "not measured", never met):
