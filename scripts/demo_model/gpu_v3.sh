@@ -85,11 +85,14 @@ train)
   log "train exit $? after $(( $(date +%s) - START )) s"
   FINAL=$RUNS/V3
   if [ -n "${EXTRA2:-}" ]; then
+    rm -rf $W/runs2
     train $(( STOP_AT - $(date +%s) + 60 )) --out $W/runs2 --seconds "${SECS2:-120}" --stop-at $STOP_AT \
       --resume $RUNS/V3 --lr ${LR2:-${LR:-2e-3}} --warmup 20 --accept-start 0.0 --accept-ramp 0.0 --seed 36 \
       $EXTRA2 >> $W/V3.stdout 2>&1
     log "phase 2 exit $? after $(( $(date +%s) - START )) s"
-    FINAL=$W/runs2/V3
+    # A phase 2 that saved nothing (a crash, a wrong flag) must not cost the call its first phase.
+    if ls $W/runs2/V3-*.safetensors > /dev/null 2>&1; then FINAL=$W/runs2/V3
+    else log "phase 2 saved no shards: bringing back phase 1's"; fi
   fi
   grep -E "fla|step|done|Error|error" $W/V3.stdout | grep -v profile: | tail -12
   grep "profile:" $W/V3.stdout | head -14   # one step's kernels (PROFILE_STEP, 0: none): where a step's time goes
