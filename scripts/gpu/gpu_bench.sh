@@ -56,8 +56,10 @@
 #   batch4 bench_batch.py, 1 and 4 requests taking turns in 5 repeats, AR and MTP depth 2, 256 tokens -> batch_4.json
 #   oracle gpu_oracle.py: real cycles at the Qwythos acceptance, 256 tokens, 2 repeats -> oracle.json
 #   targets  scripts/gpu/gpu_targets.py: issue 32's done-when, figure by figure -> OUT_DIR/targets.json
-#   targets1 = "exact512 d2 targets" and targets2 = "long3 batch4 demo_depths targets": the done-when
-#          in two runs of under 10 minutes each on one machine (the second reuses the first's checkpoint);
+#   targets1 = "exact512 targets" and targets2 = "d2 long3 batch4 demo_depths targets": the done-when
+#          in two runs of under 10 minutes each on one machine (the second reuses the first's checkpoint;
+#          on a fresh H100 the first run's exactness alone took ~570 s, compiling kernels once, so the
+#          AR-vs-mlx_lm bench runs in the second);
 #          targets3 = "oracle targets": real cycles at the Qwythos acceptance, reported beside the
 #          figures, not one of them (out of targets2 since targets2 took 612 s on a fresh H100)
 #   moe    the Qwen3.6-35B-A3B shape (random, 4-bit g64 trunk, bf16 head, ~20 GB; once, in $CKPT_MOE):
@@ -77,8 +79,8 @@ CKPT_MOE=${CKPT_MOE:-/tmp/mtp_chat_q35a3b}
 CKPT_NEXT=${CKPT_NEXT:-/tmp/mtp_chat_next80a3b}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-STAGES=${STAGES//targets1/exact512 d2 targets}
-STAGES=${STAGES//targets2/long3 batch4 demo_depths targets}
+STAGES=${STAGES//targets1/exact512 targets}
+STAGES=${STAGES//targets2/d2 long3 batch4 demo_depths targets}
 STAGES=${STAGES//targets3/oracle targets}
 greedy=(--temperature 0 --top-p 1 --top-k 0 --min-p 0 --max-tokens 128 --repeats 3)
 
