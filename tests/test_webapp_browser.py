@@ -72,6 +72,7 @@ def start_long_reply(pg):
     # first."): the app refused the empty send, as it should; type and send again. The refusal is
     # read from the app's log, not from its toast, which did not show in time once under CI.
     refusals, app_log = _Refusals(), logging.getLogger("mtp_chat")
+    sent = pg.locator("#chatbot [data-testid='user']")
     app_log.addHandler(refusals)
     try:
         for _ in range(3):
@@ -79,12 +80,11 @@ def start_long_reply(pg):
             pg.fill("#chat-input textarea", LONG_PROMPT)
             pg.click("#chat-send")
             t0 = time.time()
-            while (not pg.locator("#chatbot [data-testid='user']").count() and len(refusals.seen) == before
-                   and time.time() - t0 < HANG):
+            while not sent.count() and len(refusals.seen) == before and time.time() - t0 < HANG:
                 pg.wait_for_timeout(100)
-            if pg.locator("#chatbot [data-testid='user']").count():
+            if sent.count():
                 break
-        assert pg.locator("#chatbot [data-testid='user']").count(), f"the send never showed: {refusals.seen}"
+        assert sent.count(), f"the send never showed: {refusals.seen}"
     finally:
         app_log.removeHandler(refusals)
     # Generous: with the other test worker holding the CPU, the first words took over 30 s once.

@@ -35,11 +35,8 @@ sys.path.insert(0, str(REPO))
 WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
 # each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
-WORKS = {"v3c": WORK, "v3d": REPO / "artifacts" / "demo" / "v3d", "v3e": REPO / "artifacts" / "demo" / "v3e",
-         "v3f": REPO / "artifacts" / "demo" / "v3f", "v3g": REPO / "artifacts" / "demo" / "v3g",
-         "v3h": REPO / "artifacts" / "demo" / "v3h", "v3i": REPO / "artifacts" / "demo" / "v3i",
-         "v3j": REPO / "artifacts" / "demo" / "v3j", "v3k": REPO / "artifacts" / "demo" / "v3k",
-         "v3l": REPO / "artifacts" / "demo" / "v3l"}
+WORKS = {"v3c": WORK, **{v: REPO / "artifacts" / "demo" / v for v in
+                         ("v3d", "v3e", "v3f", "v3g", "v3h", "v3i", "v3j", "v3k", "v3l")}}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
