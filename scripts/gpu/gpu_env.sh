@@ -13,10 +13,20 @@ for d in "$@"; do cp "$d"/*.whl "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
 # MLX then loads the kernels it compiled there instead of compiling them again (~300 s a start).
 # The repository keeps one too (scripts/gpu/ptx/, packed from a run's ptx.tgz: a fresh machine's
 # warm-up compiled for 339 s without it, 2026-12-03), unpacked once a machine, before any carried one.
+# A cache packed on another GPU model of the same compute capability serves this one too (an H200's on
+# an H100: both sm90, and NVRTC compiles for the capability, not the model), so each packed folder
+# of this machine's capability is merged into this machine's own (session 28's fresh H100 compiled
+# for ~300 s beside the H200's cache it could not find).
 if ! [ -f ~/.cache/mtp-chat/.ptx-unpacked ]; then
+  arch=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -n 1 \
+         | python3 -c "import re, sys; n, c = sys.stdin.read().rsplit(',', 1); print(re.sub(r'[^A-Za-z0-9.]+', '-', n.strip()).strip('-') + '-sm' + c.strip().replace('.', ''))" 2>/dev/null)
   for f in scripts/gpu/ptx/*.tar.xz; do
     [ -f "$f" ] && mkdir -p ~/.cache/mtp-chat && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/mtp-chat \
       && touch ~/.cache/mtp-chat/.ptx-unpacked && echo "gpu_env: $f unpacked"
+  done
+  for d in ~/.cache/mtp-chat/ptx/*/*-sm*; do
+    [ -n "$arch" ] && [ -d "$d" ] && [ "${d##*/}" != "$arch" ] && [ "${d##*-}" == "${arch##*-}" ] || continue
+    mkdir -p "${d%/*}/$arch" && cp -rn "$d"/. "${d%/*}/$arch/" && echo "gpu_env: ${d##*/}'s kernels serve $arch (same capability)"
   done
 fi
 for d in "$@"; do
