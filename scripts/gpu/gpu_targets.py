@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Issue 32's done-when, figure by figure, from the outputs of two gpu_bench.sh runs.
 
-    STAGES=targets1 bash scripts/gpu/gpu_bench.sh OUT   # exactness at 512 tokens (~4 min; ~9.5 on a fresh machine)
-    STAGES=targets2 bash scripts/gpu/gpu_bench.sh OUT   # AR vs mlx_lm, step costs, 4 requests, demo (~8 min)
+    STAGES=targets1 bash scripts/gpu/gpu_bench.sh OUT   # exactness at 512 tokens (~4 min, on a fresh machine too)
+    STAGES=targets2 bash scripts/gpu/gpu_bench.sh OUT   # AR vs mlx_lm, step costs, 4 requests, demo (~6.5 min)
     STAGES=targets3 bash scripts/gpu/gpu_bench.sh OUT   # ~1-2 min: real cycles (beside the figures)
     python scripts/gpu/gpu_targets.py --dir OUT --json OUT/targets.json   (the `targets` stage)
 
