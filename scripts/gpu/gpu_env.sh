@@ -18,8 +18,8 @@ for d in "$@"; do cp "$d"/*.whl "$d"/cuda.part* /tmp/parts/ 2>/dev/null; done
 # of this machine's capability is merged into this machine's own (session 28's fresh H100 compiled
 # for ~300 s beside the H200's cache it could not find).
 if ! [ -f ~/.cache/mtp-chat/.ptx-unpacked ]; then
-  arch=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -n 1 \
-         | python3 -c "import re, sys; n, c = sys.stdin.read().rsplit(',', 1); print(re.sub(r'[^A-Za-z0-9.]+', '-', n.strip()).strip('-') + '-sm' + c.strip().replace('.', ''))" 2>/dev/null)
+  # the folder name the app will use (kernel_cache.gpu_architecture; loaded by path: mlx is not in yet)
+  arch=$(python3 -c "import importlib.util as u; s = u.spec_from_file_location('kc', 'adapters/kernel_cache.py'); m = u.module_from_spec(s); s.loader.exec_module(m); print(m.gpu_architecture() or '')" 2>/dev/null)
   for f in scripts/gpu/ptx/*.tar.xz; do
     [ -f "$f" ] && mkdir -p ~/.cache/mtp-chat && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/mtp-chat \
       && touch ~/.cache/mtp-chat/.ptx-unpacked && echo "gpu_env: $f unpacked"
