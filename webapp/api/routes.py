@@ -68,7 +68,7 @@ class OpenAIApi:
     def __init__(self, host, stops: StopRegistry, config: ApiConfig):
         self.host, self.stops, self.config = host, stops, config
         self.settings = host.settings
-        self.turns = Turns(int(getattr(host.settings, "max_batch", 1) or 1))
+        self.turns = Turns(host.batch_width)
         self.responses = ResponseStore(config.response_store)
 
     # --- gatekeeping -----------------------------------------------------------------------

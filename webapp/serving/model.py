@@ -67,17 +67,19 @@ class ModelHost:
         self.has_thinking = "enable_thinking" in template
         self.reasoning = markers_for(template)   # <think> ... </think>, or Gemma 4's thought channel
         self.scheduler = None
-        if hasattr(settings, "max_batch") and settings.max_batch is None:
+        if getattr(settings, "max_batch", 1) is None:
             from core.batch import default_max_batch
 
             settings.max_batch = default_max_batch()   # unset: batched where it pays (the GPU)
             if settings.max_batch > 1:
                 log(f"batching: up to {settings.max_batch} replies decode together, each as alone "
                     "(the default on an NVIDIA GPU; MTP_CHAT_MAX_BATCH=1 decodes one at a time)")
-        if int(getattr(settings, "max_batch", 1) or 1) > 1:
+        # replies decoding together: the model queue's width, the API's turns, what warm-up prepares
+        self.batch_width = int(getattr(settings, "max_batch", 1) or 1)
+        if self.batch_width > 1:
             from .batching import BatchScheduler
 
-            self.scheduler = BatchScheduler(self.worker, adapter, int(settings.max_batch),
+            self.scheduler = BatchScheduler(self.worker, adapter, self.batch_width,
                                             int(getattr(settings, "max_batched_tokens", 64)),
                                             on_finish=self._batched_done,
                                             prefill_chunk=int(getattr(settings, "batch_prefill_chunk", 64)),
@@ -86,7 +88,7 @@ class ModelHost:
         self._memory: Optional[str] = None
         self.calibration = Calibration(adapter, self.worker, self.path, getattr(settings, "costs_dir", None),
                                        self.max_depth, log=log,
-                                       max_batch=int(settings.max_batch) if self.scheduler is not None else 1)
+                                       max_batch=self.batch_width)
         # Conversations' snapshots after their replies (webapp/serving/history.py).
         self.histories = HistorySnapshots(adapter, self.prefix_cache, self.worker,
                                           float(getattr(settings, "history_grace_s", 0.0)))
@@ -333,8 +335,7 @@ class ModelHost:
         prepare_tokenizer(self.tokenizer)   # grammars' view of the vocabulary: not in the first tool request
         prepare = getattr(self.adapter, "prepare_kernels", None)   # a GPU's long-context and batch kernels
         if prepare is not None:
-            sequences = int(getattr(self.settings, "max_batch", 1) or 1) if self.scheduler is not None else 1
-            self.worker.call(lambda: prepare(range(2, self.max_depth + 2), sequences))
+            self.worker.call(lambda: prepare(range(2, self.max_depth + 2), self.batch_width))
         for mode in ("ar", "mtp"):
             self.worker.call(lambda: self.decoder(mode, params).generate(ids, max_tokens=tokens))
         ref = self.prompt_ids([{"role": "user", "content": LONG_REPLY_PROMPT}])

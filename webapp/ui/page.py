@@ -32,8 +32,7 @@ def model_queue(host) -> dict:
     """One decode at a time, or max_batch when requests are batched (webapp/serving/batching.py): the
     replies beyond that wait in Gradio's queue and see their position; those inside see
     "batched with N others" (webapp/ui/chat.py)."""
-    width = int(getattr(host.settings, "max_batch", 1) or 1) if host.scheduler is not None else 1
-    return dict(MODEL_QUEUE, concurrency_limit=width)
+    return dict(MODEL_QUEUE, concurrency_limit=host.batch_width)
 # Checks before a reply (submit, regenerate): through the queue, so a refusal shows its
 # message as a toast (un-queued events show a bare "Error"), but never behind the model.
 INSTANT = dict(queue=True, concurrency_id="instant", concurrency_limit=None, show_progress="hidden")
