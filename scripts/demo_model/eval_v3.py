@@ -12,7 +12,8 @@
           right = one call, parsed by the server's own parser (webapp/api/toolcalls.py), of the offered
           dictionary with the word; then, given the tool's result, whether the answer repeats the
           definition (its first six words, evaluate.py's rule; and whether it holds the whole of it), and
-          whether a client sees it as `content` (the thought the prompt opens was closed first)
+          whether a client sees it as `content` (the thought the prompt opens was closed first);
+          --dictionary-alone offers the dictionary alone, as a client with one tool does
 
     python scripts/demo_model/eval_v3.py models/demo --json docs/bench/2026-12-02/demo-v2-eval-v3.json
     python scripts/demo_model/eval_v3.py models/demo --parts tools --hold-calls --json ...   # calls held
@@ -71,7 +72,7 @@ def json_eval(ad, words, n=20, max_tokens=80):
             "right_letters": sum(r["right"] for r in rows), "max_tokens": max_tokens, "rows": rows}
 
 
-def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
+def tools_eval(ad, items, seed=35, hold=False, temperature=0.6, alone=False):
     from conversations import OTHER_TOOLS, tool_schema
     from core import AutoregressiveDecoder, SamplerConfig
     from core.chat import render
@@ -85,6 +86,7 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
         dict_tool = tool_schema(name, "Look up the meaning of an English word in the dictionary.", {arg: "the word"})
         tools = [dict_tool, tool_schema(*OTHER_TOOLS[0])] + [tool_schema(*t) for t in rng.sample(OTHER_TOOLS[1:], rng.choice([1, 2]))]
         rng.shuffle(tools)
+        tools = [dict_tool] if alone else tools   # the draws above still made: the same names and words either way
         msgs = [{"role": "user", "content": e["prompt"]}]
         lane.seed = i
         # as the API holds a call the model opens to the offered tools (tool_choice auto)
@@ -108,7 +110,7 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6):
         rows.append({"prompt": e["prompt"], "offered": [t["function"]["name"] for t in tools], "dictionary": name,
                      "reply": text, "names_offered_tool_with_word": ok, "answer": answer, "uses_result": uses,
                      "full_copy": whole, "thought_closed": closed})
-    return {"requests": len(rows), "held_calls": hold, "temperature": temperature,
+    return {"requests": len(rows), "held_calls": hold, "temperature": temperature, "dictionary_alone": alone,
             "named_offered_tool": sum(r["names_offered_tool_with_word"] for r in rows),
             "answers_using_result": sum(r["uses_result"] for r in rows),
             "answers_copying_it_whole": sum(r["full_copy"] for r in rows),
@@ -162,6 +164,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.6,
                     help="tools: the sampler's temperature (0.6 as the done-when; 0 shows whether a copy's slips "
                          "are the model's own choice or the sampler's draw)")
+    ap.add_argument("--dictionary-alone", action="store_true",
+                    help="tools: offer the dictionary alone (a client's one-tool request) instead of beside 2-3 others")
     a = ap.parse_args()
     from adapters.runtime import preload_blas
 
@@ -179,7 +183,7 @@ def main():
         print(json.dumps({k: v for k, v in res["json"].items() if k != "rows"}), flush=True)
     if "tools" in a.parts:
         items = [json.loads(l) for l in open(a.tools_eval)][:50]
-        res["tools"] = tools_eval(ad, items, hold=a.hold_calls, temperature=a.temperature)
+        res["tools"] = tools_eval(ad, items, hold=a.hold_calls, temperature=a.temperature, alone=a.dictionary_alone)
         print(json.dumps({k: v for k, v in res["tools"].items() if k != "rows"}), flush=True)
     res["seconds"] = round(time.time() - t0)
     if a.json:
