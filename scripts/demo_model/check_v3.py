@@ -43,6 +43,8 @@ LIMITS["v3j"] = LIMITS["v3k"] = LIMITS["v3i"]
 # v3l: half the thinking calls lose their listing thought as a client sends them back (the bare call
 # is context), so fewer documents hold one: 3,650 of 8,844
 LIMITS["v3l"] = {**LIMITS["v3k"], "after_bare_call_min": 2000, "listed_min": 0.35}
+# v3m: v3l's with tool conversations that offer one tool (the dictionary alone in most of them)
+LIMITS["v3m"] = {**LIMITS["v3l"], "alone_min": 1300}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -192,7 +194,9 @@ def check_v3e(work: Path, lim: dict | None = None, held: set | None = None, vari
     return problems + shares(work, lim)
 
 
-LISTED = re.compile(r"the tools offered are (.+?)\. The (\S+) tool fits\.")
+# (v3m: a tool offered alone is "the tool offered is X, and it fits.")
+LISTED = re.compile(r"the tools offered are (?P<names>.+?)\. The (?P<name>\S+) tool fits\."
+                    r"|the tool offered is (?P<one>\S+), and it fits\.")
 CALLED = re.compile(r'<tool_call>\s*\{"name": "([^"]+)"')
 
 
@@ -218,9 +222,10 @@ def check_v3f(work: Path, lim: dict | None = None, held: set | None = None, vari
         if call is None:
             continue
         listed += 1
-        names = re.split(r", | and ", m.group(1))
-        if m.group(2) not in names or call.group(1) != m.group(2):
-            problems.append(f"a thought lists {names} and names {m.group(2)!r}; the call names {call.group(1)!r}")
+        names = re.split(r", | and ", m["names"]) if m["names"] else [m["one"]]
+        name = m["name"] or m["one"]
+        if name not in names or call.group(1) != name:
+            problems.append(f"a thought lists {names} and names {name!r}; the call names {call.group(1)!r}")
     if not with_call or listed / with_call < lim["listed_min"]:
         problems.append(f"{listed} of {with_call} documents with a call hold a thought listing the offered tools before one, "
                         f"fewer than {lim['listed_min']:.0%}")
@@ -422,12 +427,12 @@ AFTER_BARE_CALL = re.compile(r"<\|im_start\|>assistant\n<tool_call>(?:(?!<\|im_s
                              r"</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n<think>\n(?!\n</think>)", re.S)
 
 
-def check_v3l(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3l(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3l") -> list:
     """v3l: v3k's checks, and at least LIMITS' after_bare_call_min answers that think after a call a
     client sent back without its thought (trained, from right after the `<think>\n` the prompt opens),
     no such call trained (the model wrote it after a thought)."""
     lim = lim or LIMITS["v3l"]
-    problems = check_v3k(work, lim, held, variant="v3l")
+    problems = check_v3k(work, lim, held, variant=variant)
     found = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
@@ -443,9 +448,40 @@ def check_v3l(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
+# the tool list of a system turn (Qwen3.5's template: one JSON object a line inside <tools>)
+TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+
+
+def check_v3m(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3m: v3l's checks, at least LIMITS' alone_min tool conversations that offer a single tool, and
+    none of the evaluations' leaks that conversations_v3.strict_held_out drops."""
+    import conversations_v3 as CV3
+
+    lim = lim or LIMITS["v3m"]
+    problems = check_v3l(work, lim, held, variant="v3m")
+    defs = [json.loads(l)["definition"].lower() for l in open(Path(work) / "corpus" / "tools_eval.jsonl")]
+    words = CV3.json_eval_words()
+    alone = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        low = d["text"].lower()
+        m = TOOLS_BLOCK.search(d["text"])
+        alone += bool(m and len(m.group(1).strip().splitlines()) == 1)
+        if any(x in low for x in defs):
+            problems.append(f"a {d['kind']} document holds a tool evaluation word's definition")
+        for w in re.findall(r'"word": "([^"]+)"', low) if d["kind"] == "json" else ():
+            if w in words:
+                problems.append(f"a JSON answer about {w!r}, a JSON evaluation's word")
+        if len(problems) > 40:
+            break
+    if alone < lim["alone_min"]:
+        problems.append(f"{alone} tool conversations offer a single tool, fewer than {lim['alone_min']}")
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
           "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j,
-          "v3k": check_v3k, "v3l": check_v3l}
+          "v3k": check_v3k, "v3l": check_v3l, "v3m": check_v3m}
 
 
 def main():

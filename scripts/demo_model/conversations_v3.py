@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 import conversations as C
+import everyday
 import everyday_v3 as V3
 import heldout_everyday as H
 
@@ -128,6 +129,12 @@ VARIANTS["v3k"] = {**VARIANTS["v3j"], "quiet_tool_history": True}
 # thinking off, where the answer follows `<think>\n\n</think>\n\n`, so after a client's bare call and
 # the `<think>\n` the app's prompt opens, v3k-ft answered inside the thought (47 of 50, V3_PLAN section 27)
 VARIANTS["v3l"] = {**VARIANTS["v3k"], "client_drops_thoughts": 0.5}
+# v3m: v3l's with (V3_PLAN section 30) 30 % of the tool conversations offering only the tools they
+# use, so a third of those that open with the dictionary offer it alone (v3l, always offered two to six
+# tools, never called a dictionary offered alone: 0 of 50), and the evaluations' leaks closed: no
+# document holds a tool evaluation word's definition (37 in v3l, through synonyms sharing a gloss and
+# v2's comparisons) or a JSON answer about a JSON evaluation's word (eval_v3.py's and eval_api.py's)
+VARIANTS["v3m"] = {**VARIANTS["v3l"], "alone_frac": 0.3, "strict_held_out": True}
 # the system prompts an explained answer may follow: none that asks for brevity
 LONG_OK_SYSTEM = [p for p in C.SYSTEM_PROMPTS if not re.search(r"brief|concise|short", p)]
 
@@ -205,7 +212,7 @@ def _v3e_docs(seed, cfg, focus, parts, arith, exclude, tool_words, emit, system)
     convs = V3.tool_conversations_v3e(trng, dict_words, caps, arith, plain, exclude, cfg["n_tools_v3e"],
                                       banned=banned, name_words=name_words,
                                       think_frac=cfg.get("tool_think_frac", 0.5), list_tools=cfg.get("list_tools", False),
-                                      dict_draw=dict_draw, lookups=cfg.get("lookups"),
+                                      dict_draw=dict_draw, lookups=cfg.get("lookups"), alone_frac=cfg.get("alone_frac", 0.0),
                                       **({"names": iter(pool), "rename_frac": cfg["rename_frac"],
                                           "dict_frac": cfg["dict_frac"]} if pool else {}))
     for msgs, tools, thinking in convs:
@@ -278,6 +285,33 @@ def _v3g_docs(seed, wn, held, skip, exclude, emit, think_frac=0.7, alias=False):
             "facts_nouns_persons_adjectives": [len(nouns), len(persons), len(adjectives)],
             "sentences": dict(sorted(Counter(d["sentences"] for d in items).items())),
             "words_mean_max": [round(sum(words) / len(words), 1), max(words)]}
+
+
+def json_eval_words() -> set:
+    """The words the JSON evaluations ask about: eval_v3.py's (the judge's definition and opposite
+    subjects) and eval_api.py's (json_words.txt)."""
+    import judge
+
+    words = {it["subject"].lower() for it in judge.load_items() if it["category"] in ("definition", "opposite")}
+    return words | set((HERE / "json_words.txt").read_text().split())
+
+
+def strict_held_out(docs, wn, tool_words):
+    """(docs kept, {why: documents dropped}): none that holds a tool evaluation word's definition
+    (write_tools_eval's, the words' first noun sense) or a JSON answer about a JSON evaluation's word."""
+    defs = [everyday._gloss(wn.syn[wn.idx[(w, "n")]["synsets"][0]]["def"]).lower() for w in sorted(tool_words)]
+    words = json_eval_words()
+    json_word = re.compile(r'"word": "(' + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r')"')
+    kept, dropped = [], Counter()
+    for d in docs:
+        low = d["text"].lower()
+        why = ("tool_eval_definition" if any(x in low for x in defs)
+               else "json_eval_word" if d["kind"] == "json" and json_word.search(low) else None)
+        if why:
+            dropped[why] += 1
+        else:
+            kept.append(d)
+    return kept, dict(dropped)
 
 
 def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=True, variant="v3c"):
@@ -427,6 +461,9 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
             if shown[n["kind"]] < examples:
                 shown[n["kind"]] += 1
                 print(f"--- {n['kind']} example {shown[n['kind']]}\n{n['text']}\n", flush=True)
+    strict = None
+    if cfg.get("strict_held_out"):
+        docs, strict = strict_held_out(docs, wn, tool_words)
     C.write_corpus(out, docs, prose, eval_set, wn, tool_words, rng)
     unused = sum(1 for _ in q3), sum(1 for _ in q2)
     chars = Counter()
@@ -439,6 +476,8 @@ def build(out_dir, seed=35, n_docs_chat=None, n_long=None, examples=0, notes=Tru
              "unused_exchanges_v3_v2": list(unused), "eval_prompts": len(eval_set),
              "v2_exchanges_kept_by_kind": dict(Counter(d["kind"] for d in v2_items)), "variant": variant,
              "notes_share_of_chars": round(sum(v for k, v in chars.items() if k.startswith("note_")) / sum(chars.values()), 4)}
+    if strict:
+        stats["v3m_dropped"] = strict
     if drill_stats:
         stats["v3e"] = drill_stats
     if explain_stats:

@@ -373,7 +373,8 @@ def tool_exchange(name, subject, q, args, result, ans, thinking, offered=None) -
     fits = f"the {name} tool fits."
     if offered:
         listed = ", ".join(offered[:-1]) + f" and {offered[-1]}" if len(offered) > 1 else offered[0]
-        fits = f"the tools offered are {listed}. The {name} tool fits."
+        fits = (f"the tools offered are {listed}. The {name} tool fits." if len(offered) > 1
+                else f"the tool offered is {listed}, and it fits.")
     think1 = f"{subject[:1].upper() + subject[1:]}: {fits} I will call it." if thinking else None
     think2 = "The tool answered. I will repeat its result." if thinking else None
     return [{"role": "user", "content": q},
@@ -935,7 +936,7 @@ DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}"
 
 def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
                            think_frac=0.5, dict_frac=0.6, list_tools=False, names=None, rename_frac=0.0,
-                           dict_draw=None, lookups=None):
+                           dict_draw=None, lookups=None, alone_frac=0.0):
     """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
     dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
     get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
@@ -949,7 +950,10 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
     (get_weather, ...) take one too, so that no offered name can be recalled instead of read.
     `dict_draw` (v3i): rng -> (word, definition), drawn in place of rng.choice(dict_words); `lookups`
     (v3i): the requests of a conversation that opens with the dictionary are a choice of these counts,
-    each after the first a dictionary look-up in 70 % (the schemas read once for several copies)."""
+    each after the first a dictionary look-up in 70 % (the schemas read once for several copies).
+    `alone_frac` (v3m): in that share only the made tools are offered (a third of the conversations
+    that open with the dictionary then offer it alone): v3l, always offered 2-6 tools, answered a
+    dictionary offered alone from memory in 50 of 50 (V3_PLAN section 30)."""
     import conversations as C2
 
     def fresh_name(kind):
@@ -980,6 +984,8 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
             kinds = rng.sample(["dict", "calc", "cap"], rng.choice([1, 2, 2, 3]))
             others = rng.sample(OTHER, rng.choice([1, 1, 2, 3]))
             first = None
+        if alone_frac and rng.random() < alone_frac:   # v3m: only the made tools, as a client with one tool
+            others = []
         made = {k: tool(k) for k in kinds}
         if rename_frac and rng.random() < rename_frac:
             others = [(fresh_name("other"), *t[1:]) for t in others]
