@@ -8,7 +8,7 @@
 #               the outputs, e.g. v3e-more for a RESUME_DIR call: artifacts/demo/<variant>/<name>/
 #               {V3.q8.safetensors, runs/, model/} and docs/bench/<today>/demo-<name>-*.json
 #   CONFIG=scripts/demo_model/configs/v3.json   the trained shape (as gpu_v3.sh's CONFIG)
-#   PARTS="judge eval tools held paired"        which measures to run (all five by default; paired
+#   PARTS="judge eval tools held alone paired"  which measures to run (all six by default; paired
 #                                               takes ~10 minutes: MTP/AR against models/demo's, in one process)
 #
 # export.py and verify.py need PyTorch, which the project does not depend on: it is installed into
@@ -19,7 +19,7 @@ FILES=${1:?the files_at folder of the training call}
 V=${2:?the variant, e.g. v3e}
 NAME=${3:-$V}
 CONFIG=${CONFIG:-scripts/demo_model/configs/v3.json}
-PARTS=${PARTS:-judge eval tools held paired}
+PARTS=${PARTS:-judge eval tools held alone paired}
 PY=.venv/bin/python
 A=artifacts/demo/$V
 D=$A/$NAME
@@ -64,11 +64,14 @@ for part in $PARTS; do
   # offered tools' names and arguments): what a client sees
   held)  $PY scripts/demo_model/eval_v3.py "$D/model" --parts tools --hold-calls --tools-eval "$A/corpus/tools_eval.jsonl" \
            --json "$B/demo-$NAME-eval-v3-held.json" | tail -n 2 ;;
+  # the dictionary offered alone, as a client with one tool offers it (V3_PLAN section 30: v3 0 of 50)
+  alone) $PY scripts/demo_model/eval_v3.py "$D/model" --parts tools --hold-calls --dictionary-alone \
+           --tools-eval "$A/corpus/tools_eval.jsonl" --json "$B/demo-$NAME-eval-v3-alone-held.json" | tail -n 2 ;;
   # the done-when's CPU line: this model's MTP/AR over the bundled demo's, paired (V3_PLAN section 21)
   paired) $PY scripts/bench/bench_models.py --model models/demo --model "$D/model" \
             --prompts-file scripts/demo_model/race_prompts.txt --max-tokens 128 --temperature 0.6 --top-p 0.95 \
             --top-k 20 --depth 2 --repeats 64 --json "$B/demo-$NAME-paired-cpu.json" 2>/dev/null | tail -n 24 ;;
-  *) echo "unknown part $part (judge, eval, tools, held, paired)" >&2; exit 2 ;;
+  *) echo "unknown part $part (judge, eval, tools, held, alone, paired)" >&2; exit 2 ;;
   esac
 done
 say "done: $D/model; results in $B/demo-$NAME-*.json"
