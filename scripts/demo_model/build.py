@@ -71,14 +71,14 @@ LARGE_PHASES = [("L1", ["--batch", "8", "--micro-batch", "4", "--lr", "1e-3", "-
 # (trunk and tied embedding frozen); V3D the head alone again, from V3C's weights as the call
 # brought them back (int8 per row, shards_q8.py), on a fresh machine, the acceptance term at 1.0.
 V3_CONFIG = HERE / "configs" / "v3.json"
-V3_COMMON = ["--batch", "16", "--micro-batch", "16", "--gdn-chunk", "256", "--warmup", "20", "--accept-start", "0",
-             "--accept-ramp", "0"]
+V3_COMMON = ["--batch", "16", "--micro-batch", "16", "--gdn-chunk", "256"]
+V3_RESUMED = V3_COMMON + ["--warmup", "20", "--accept-start", "0", "--accept-ramp", "0"]   # the term on at once
 V3_PHASES = [
     ("V3A", V3_COMMON + ["--lr", "2e-3", "--warmup", "60", "--accept-start", "0.4", "--accept-ramp", "0.3",
                          "--seed", "35", "--max-steps", "658"]),
-    ("V3B", V3_COMMON + ["--lr", "1e-3", "--seed", "36", "--max-steps", "492"]),
-    ("V3C", V3_COMMON + ["--head-only", "--lr", "1e-4", "--seed", "36", "--max-steps", "296"]),
-    ("V3D", V3_COMMON + ["--head-only", "--accept-w", "1.0", "--lr", "3e-4", "--seed", "35", "--max-steps", "1426"]),
+    ("V3B", V3_RESUMED + ["--lr", "1e-3", "--seed", "36", "--max-steps", "492"]),
+    ("V3C", V3_RESUMED + ["--head-only", "--lr", "1e-4", "--seed", "36", "--max-steps", "296"]),
+    ("V3D", V3_RESUMED + ["--head-only", "--accept-w", "1.0", "--lr", "3e-4", "--seed", "35", "--max-steps", "1426"]),
 ]
 V3_VIA_INT8 = {"V3D"}   # resumed from the previous phase packed int8 per row, as the call resumed it
 TRAIN_PHASES = [

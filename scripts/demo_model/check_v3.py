@@ -464,14 +464,11 @@ def check_v3m(work: Path, lim: dict | None = None, held: set | None = None) -> l
     alone = 0
     for line in open(Path(work) / "corpus" / "docs.jsonl"):
         d = json.loads(line)
-        low = d["text"].lower()
         m = TOOLS_BLOCK.search(d["text"])
         alone += bool(m and len(m.group(1).strip().splitlines()) == 1)
-        if any(x in low for x in defs):
-            problems.append(f"a {d['kind']} document holds a tool evaluation word's definition")
-        for w in re.findall(r'"word": "([^"]+)"', low) if d["kind"] == "json" else ():
-            if w in words:
-                problems.append(f"a JSON answer about {w!r}, a JSON evaluation's word")
+        why = CV3.evaluation_leak(d, defs, words)
+        if why:
+            problems.append(f"a {d['kind']} document gives away an evaluation's answer ({why}): {d['text'][:80]!r}")
         if len(problems) > 40:
             break
     if alone < lim["alone_min"]:

@@ -296,17 +296,25 @@ def json_eval_words() -> set:
     return words | set((HERE / "json_words.txt").read_text().split())
 
 
+def evaluation_leak(doc, definitions, words):
+    """Why a document gives away an evaluation's answer, or None: it holds a tool evaluation word's
+    definition (lower case), or it is a JSON answer about a JSON evaluation's word."""
+    low = doc["text"].lower()
+    if any(x in low for x in definitions):
+        return "tool_eval_definition"
+    if doc["kind"] == "json" and any(w in words for w in re.findall(r'"word": "([^"]+)"', low)):
+        return "json_eval_word"
+    return None
+
+
 def strict_held_out(docs, wn, tool_words):
-    """(docs kept, {why: documents dropped}): none that holds a tool evaluation word's definition
-    (write_tools_eval's, the words' first noun sense) or a JSON answer about a JSON evaluation's word."""
+    """(docs kept, {why: documents dropped}): none that gives away an evaluation's answer
+    (evaluation_leak; the definitions are write_tools_eval's, the words' first noun sense)."""
     defs = [everyday._gloss(wn.syn[wn.idx[(w, "n")]["synsets"][0]]["def"]).lower() for w in sorted(tool_words)]
     words = json_eval_words()
-    json_word = re.compile(r'"word": "(' + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r')"')
     kept, dropped = [], Counter()
     for d in docs:
-        low = d["text"].lower()
-        why = ("tool_eval_definition" if any(x in low for x in defs)
-               else "json_eval_word" if d["kind"] == "json" and json_word.search(low) else None)
+        why = evaluation_leak(d, defs, words)
         if why:
             dropped[why] += 1
         else:
