@@ -6,14 +6,14 @@ Stages (run all, or any subset in order):
     corpus     conversations from Debian packages (WordNet, Python docs, fortunes, Devil's
                Dictionary, Jargon File, Jane Austen) and generated everyday questions, notes, drills,
                JSON answers, tool calls and thinking, rendered with the demo's Qwen3.5 chat template.
-               v3: prepare_v3.py --variant v3l (conversations_v3.py) -> artifacts/demo/v3l/corpus;
+               v3: prepare_v3.py --variant v3m (conversations_v3.py) -> artifacts/demo/v3m/corpus;
                v2: conversations.py -> artifacts/demo/corpus
     tokenizer  v3: the bundled tokenizer as the app tokenizes, the corpus encoded and checked
-               (prepare_v3.py's data step) -> artifacts/demo/v3l/{tokenizer,data}; v2: byte-level
+               (prepare_v3.py's data step) -> artifacts/demo/v3m/{tokenizer,data}; v2: byte-level
                BPE, 8192 tokens, ChatML specials and the Qwen3.5 tags -> artifacts/demo/{tokenizer,data}
     train      PyTorch trunk + MTP head, joint, whole conversations packed into 4,096-token windows,
                the acceptance term reaching the trunk (scripts/demo_model/train_torch.py), in the
-               phases as shipped (V3_PHASES, TRAIN_PHASES); on a GPU in minutes, on a CPU in days
+               phases as shipped (V3_BUILDS, TRAIN_PHASES); on a GPU in minutes, on a CPU in days
                (same code) -> <work>/runs/<phase>-NN.safetensors
     export     -> models/demo in the Qwythos layout (8-bit trunk, 8-bit 29-tensor MTP sidecar)
     verify     MLX (mlx_lm.load, adapters.load_adapter, own MLX head) vs PyTorch logits
@@ -24,8 +24,9 @@ Stages (run all, or any subset in order):
     python scripts/demo_model/build.py --variant large --stages train export   # ~300M, for GPU measurements
 
 --variant v3 (the default) is the demo shipped since 2026-12-05: shape configs/v3.json (28.4M
-parameters), four phases that are the three H100 calls that made it, by the steps they took.
---variant v2 is the demo shipped before (configs/h256_L12_i2.json, 13.3M).
+parameters), four phases that are the three H100 calls that made it, by the steps they took, on the
+v3m corpus. --variant v3l is its first build (the v3l corpus, shipped earlier that day); --variant
+v2 is the demo shipped before (configs/h256_L12_i2.json, 13.3M).
 
 The larger variant (--variant large: hidden 1024, 20 layers, 15 Gated-DeltaNet + 5 attention as
 Qwythos' 3:1, 294M parameters with its MTP layer) trains on the same data at 4,096-token windows
@@ -36,7 +37,7 @@ Requirements: apt-get install wordnet-base python3.11-doc fortunes fortunes-min 
 dict-jargon r-cran-janeaustenr libopenblas0-pthread; pip install torch transformers tokenizers
 rdata mlx-lm (and this project, for the app's own prompt rendering and the verify stage).
 Everything is seeded (corpus, tokenizer, data order, initialisation); the shipped runs' schedules
-are reproduced by steps (V3_PHASES, TRAIN_PHASES), on a GPU up to its nondeterministic kernels.
+are reproduced by steps (V3_BUILDS, TRAIN_PHASES), on a GPU up to its nondeterministic kernels.
 """
 from __future__ import annotations
 
@@ -65,22 +66,33 @@ LARGE_CONFIG = HERE / "configs" / "h1024_L20_i4.json"
 # kernels (fla refuses Hopper with Triton < 3.7.1) it ran ~4k tokens/s next to two demo runs.
 LARGE_PHASES = [("L1", ["--batch", "8", "--micro-batch", "4", "--lr", "1e-3", "--warmup", "100", "--accept-start", "0.5",
                         "--accept-ramp", "0.3", "--accept-w", "0.3", "--max-steps", "1500"])]
-# The shipped v3 (models/demo/README.md, "How it was trained"): three calls on one H100 whose
+# The shipped v3 (models/demo/README.md, "How it was trained"): three calls on one warm H100 whose
 # schedules ran by seconds and were each trained to their end, reproduced here by the steps they
-# took. V3A from scratch; V3B from V3A (the acceptance term on throughout); V3C the head alone
-# (trunk and tied embedding frozen); V3D the head alone again, from V3C's weights as the call
-# brought them back (int8 per row, shards_q8.py), on a fresh machine, the acceptance term at 1.0.
+# took, on the v3m corpus. V3A from scratch; V3B from V3A (the acceptance term on throughout); V3C
+# the head alone (trunk and tied embedding frozen); V3D the head alone again, from V3C, the
+# acceptance term at 1.0.
 V3_CONFIG = HERE / "configs" / "v3.json"
 V3_COMMON = ["--batch", "16", "--micro-batch", "16", "--gdn-chunk", "256"]
 V3_RESUMED = V3_COMMON + ["--warmup", "20", "--accept-start", "0", "--accept-ramp", "0"]   # the term on at once
-V3_PHASES = [
-    ("V3A", V3_COMMON + ["--lr", "2e-3", "--warmup", "60", "--accept-start", "0.4", "--accept-ramp", "0.3",
-                         "--seed", "35", "--max-steps", "658"]),
-    ("V3B", V3_RESUMED + ["--lr", "1e-3", "--seed", "36", "--max-steps", "492"]),
-    ("V3C", V3_RESUMED + ["--head-only", "--lr", "1e-4", "--seed", "36", "--max-steps", "296"]),
-    ("V3D", V3_RESUMED + ["--head-only", "--accept-w", "1.0", "--lr", "3e-4", "--seed", "35", "--max-steps", "1426"]),
-]
-V3_VIA_INT8 = {"V3D"}   # resumed from the previous phase packed int8 per row, as the call resumed it
+
+
+def v3_phases(steps):
+    """The four v3 phases (V3A-V3D) by the steps each call's phase took."""
+    a, b, c, d = (str(n) for n in steps)
+    return [
+        ("V3A", V3_COMMON + ["--lr", "2e-3", "--warmup", "60", "--accept-start", "0.4", "--accept-ramp", "0.3",
+                             "--seed", "35", "--max-steps", a]),
+        ("V3B", V3_RESUMED + ["--lr", "1e-3", "--seed", "36", "--max-steps", b]),
+        ("V3C", V3_RESUMED + ["--head-only", "--lr", "1e-4", "--seed", "36", "--max-steps", c]),
+        ("V3D", V3_RESUMED + ["--head-only", "--accept-w", "1.0", "--lr", "3e-4", "--seed", "35", "--max-steps", d]),
+    ]
+
+
+# variant: (prepare_v3.py's corpus, phases, phases resumed from the previous one packed int8 per row,
+# as a call on a fresh machine resumed it). v3l is v3's first build, shipped on 2026-12-05 until v3m
+# replaced it the same day: the same recipe on the v3l corpus, V3D on a fresh machine.
+V3_BUILDS = {"v3": ("v3m", v3_phases((667, 499, 308, 1462)), set()),
+             "v3l": ("v3l", v3_phases((658, 492, 296, 1426)), {"V3D"})}
 TRAIN_PHASES = [
     ("E1", ["--batch", "8", "--micro-batch", "8", "--lr", "2e-3", "--warmup", "100", "--accept-start", "0.5",
             "--accept-ramp", "0.3", "--max-steps", "392", "--schedule-steps", "452"]),
@@ -92,9 +104,9 @@ TRAIN_PHASES = [
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
-    ap.add_argument("--variant", default="v3", choices=["v3", "v2", "large"],
-                    help="v3: the shipped demo; v2: the demo shipped until 2026-12-05 (its corpus and phases); "
-                         "large: the ~300M variant")
+    ap.add_argument("--variant", default="v3", choices=["v3", "v3l", "v2", "large"],
+                    help="v3: the shipped demo; v3l: its first build (the v3l corpus); v2: the demo shipped "
+                         "until 2026-12-05 (its corpus and phases); large: the ~300M variant")
     ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
     ap.add_argument("--out", default=str(REPO / "models" / "demo"))
     ap.add_argument("--run", default=None, help="prefix of the trained shards to export (default: the last phase)")
@@ -106,19 +118,19 @@ def main(argv=None):
     a = ap.parse_args(argv)
     work = Path(a.work)
     runs = work / "runs"
-    large, v3 = a.variant == "large", a.variant == "v3"
-    phases, text_config = {"large": (LARGE_PHASES, LARGE_CONFIG), "v3": (V3_PHASES, V3_CONFIG)}.get(
-        a.variant, (TRAIN_PHASES, TEXT_CONFIG))
+    large, v3 = a.variant == "large", a.variant in V3_BUILDS
+    corpus_v3, phases, via_int8 = V3_BUILDS.get(a.variant, (None, TRAIN_PHASES, set()))
+    phases, text_config = (LARGE_PHASES, LARGE_CONFIG) if large else (phases, V3_CONFIG if v3 else TEXT_CONFIG)
     out = work / "large" if large and a.out == ap.get_default("out") else Path(a.out)
     bits = 4 if large else None
     if v3:   # prepare_v3.py's folders: corpus/, tokenizer/ (the app's ids), data/
-        work = work / "v3l" if a.work == ap.get_default("work") else work
+        work = work / corpus_v3 if a.work == ap.get_default("work") else work
         runs = work / "runs"
     run = a.run or str(runs / phases[-1][0])
 
     if v3 and {"corpus", "tokenizer"} & set(a.stages):
         steps = [s for s, stage in (("corpus", "corpus"), ("data", "tokenizer")) if stage in a.stages]
-        subprocess.run([sys.executable, str(HERE / "prepare_v3.py"), "--variant", "v3l", "--work", str(work),
+        subprocess.run([sys.executable, str(HERE / "prepare_v3.py"), "--variant", corpus_v3, "--work", str(work),
                         "--steps", *steps], check=True)
     if "corpus" in a.stages and not v3:
         import conversations
@@ -134,7 +146,7 @@ def main(argv=None):
         for name, args in phases:
             cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"), "--out", str(runs),
                    "--name", name, "--text-config", str(text_config), "--seconds", "1e9", *COMMON, *args]
-            if prev and name in V3_VIA_INT8:
+            if prev and name in via_int8:
                 packed = runs / f"{prev}.q8.safetensors"
                 subprocess.run([sys.executable, str(HERE / "shards_q8.py"), "pack", str(runs / prev), str(packed)], check=True)
                 subprocess.run([sys.executable, str(HERE / "shards_q8.py"), "unpack", str(packed), str(runs / f"{prev}q8")],

@@ -72,7 +72,7 @@ def json_eval(ad, words, n=20, max_tokens=80):
             "right_letters": sum(r["right"] for r in rows), "max_tokens": max_tokens, "rows": rows}
 
 
-def tools_eval(ad, items, seed=35, hold=False, temperature=0.6, alone=False):
+def tools_eval(ad, items, seed=35, hold=False, temperature=0.6, alone=False, draw=0):
     from conversations import OTHER_TOOLS, tool_schema
     from core import AutoregressiveDecoder, SamplerConfig
     from core.chat import render
@@ -88,7 +88,7 @@ def tools_eval(ad, items, seed=35, hold=False, temperature=0.6, alone=False):
         rng.shuffle(tools)
         tools = [dict_tool] if alone else tools   # the draws above still made: the same names and words either way
         msgs = [{"role": "user", "content": e["prompt"]}]
-        lane.seed = i
+        lane.seed = i + 1000 * draw   # draw 0: the seeds every earlier figure used
         # as the API holds a call the model opens to the offered tools (tool_choice auto)
         lane.constraint = held_calls(ad, tools) if hold else None
         ids, _ = lane.generate(render(ad, msgs, tools=tools), max_tokens=96)
@@ -164,6 +164,9 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.6,
                     help="tools: the sampler's temperature (0.6 as the done-when; 0 shows whether a copy's slips "
                          "are the model's own choice or the sampler's draw)")
+    ap.add_argument("--draws", type=int, default=1,
+                    help="tools: repeat the 50 requests with this many sampler seeds (draw k seeds request i with "
+                         "i + 1000 k); a rate over 50 moves by about 3 requests from draw to draw")
     ap.add_argument("--dictionary-alone", action="store_true",
                     help="tools: offer the dictionary alone (a client's one-tool request) instead of beside 2-3 others")
     a = ap.parse_args()
@@ -183,8 +186,16 @@ def main():
         print(json.dumps({k: v for k, v in res["json"].items() if k != "rows"}), flush=True)
     if "tools" in a.parts:
         items = [json.loads(l) for l in open(a.tools_eval)][:50]
-        res["tools"] = tools_eval(ad, items, hold=a.hold_calls, temperature=a.temperature, alone=a.dictionary_alone)
+        draws = [tools_eval(ad, items, hold=a.hold_calls, temperature=a.temperature, alone=a.dictionary_alone, draw=k)
+                 for k in range(a.draws)]
+        res["tools"] = draws[0]
         print(json.dumps({k: v for k, v in res["tools"].items() if k != "rows"}), flush=True)
+        if a.draws > 1:
+            counts = [k for k, v in draws[0].items() if isinstance(v, int) and not isinstance(v, bool)]
+            res["tools_draws"] = {"draws": a.draws, "per_draw": [{k: d[k] for k in counts} for d in draws],
+                                  "total": {k: sum(d[k] for d in draws) for k in counts},
+                                  "rows": [d["rows"] for d in draws[1:]]}
+            print(json.dumps({k: v for k, v in res["tools_draws"].items() if k != "rows"}), flush=True)
     res["seconds"] = round(time.time() - t0)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
