@@ -45,6 +45,8 @@ LIMITS["v3j"] = LIMITS["v3k"] = LIMITS["v3i"]
 LIMITS["v3l"] = {**LIMITS["v3k"], "after_bare_call_min": 2000, "listed_min": 0.35}
 # v3m: v3l's with tool conversations that offer one tool (the dictionary alone in most of them)
 LIMITS["v3m"] = {**LIMITS["v3l"], "alone_min": 1300}
+# v3n: v3m's with the names clients give a dictionary in some conversations, always beside other tools
+LIMITS["v3n"] = {**LIMITS["v3m"], "natural_min": 300}
 WORDS = re.compile(r"[a-z][a-z'-]+")
 TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 # drill questions that ask how to do something: their answers start with the doing, not the subject
@@ -452,13 +454,13 @@ def check_v3l(work: Path, lim: dict | None = None, held: set | None = None, vari
 TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 
 
-def check_v3m(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+def check_v3m(work: Path, lim: dict | None = None, held: set | None = None, variant: str = "v3m") -> list:
     """v3m: v3l's checks, at least LIMITS' alone_min tool conversations that offer a single tool, and
     none of the evaluations' leaks that conversations_v3.strict_held_out drops."""
     import conversations_v3 as CV3
 
-    lim = lim or LIMITS["v3m"]
-    problems = check_v3l(work, lim, held, variant="v3m")
+    lim = lim or LIMITS[variant]
+    problems = check_v3l(work, lim, held, variant=variant)
     defs = [json.loads(l)["definition"].lower() for l in open(Path(work) / "corpus" / "tools_eval.jsonl")]
     words = CV3.json_eval_words()
     alone = 0
@@ -476,9 +478,36 @@ def check_v3m(work: Path, lim: dict | None = None, held: set | None = None) -> l
     return problems
 
 
+def check_v3n(work: Path, lim: dict | None = None, held: set | None = None) -> list:
+    """v3n: v3m's checks, where a dictionary may take one of everyday_v3.NATURAL_DICT_NAMES (their stems
+    are the evaluation names' by design), at least LIMITS' natural_min conversations offering one,
+    each beside other tools, and none offering an evaluation name."""
+    import eval_v3
+
+    lim = lim or LIMITS["v3n"]
+    natural = set(V3.NATURAL_DICT_NAMES)
+    assert not natural & set(eval_v3.EVAL_NAMES)
+    problems = [p for p in check_v3m(work, lim, held, variant="v3n")
+                if not any(p.endswith(f": {n!r}") for n in natural)]
+    found = 0
+    for line in open(Path(work) / "corpus" / "docs.jsonl"):
+        d = json.loads(line)
+        m = TOOLS_BLOCK.search(d["text"]) if d["kind"] == "tools" else None
+        names = {n for n, _ in TOOL_DEF.findall(m.group(1))} if m else set()
+        if names & natural:
+            found += 1
+            if len(names) < 2:
+                problems.append(f"a natural dictionary name offered alone: {sorted(names)}")
+        if names & set(eval_v3.EVAL_NAMES):
+            problems.append(f"an evaluation name offered in training: {sorted(names & set(eval_v3.EVAL_NAMES))}")
+    if found < lim["natural_min"]:
+        problems.append(f"{found} tool conversations offer a natural dictionary name, fewer than {lim['natural_min']}")
+    return problems
+
+
 CHECKS = {"v3c": check_held_out, "v3d": check_v3d, "v3e": check_v3e, "v3f": check_v3f, "v3g": check_v3g,
           "v3h": check_v3h, "v3i": check_v3i, "v3j": check_v3j,
-          "v3k": check_v3k, "v3l": check_v3l, "v3m": check_v3m}
+          "v3k": check_v3k, "v3l": check_v3l, "v3m": check_v3m, "v3n": check_v3n}
 
 
 def main():

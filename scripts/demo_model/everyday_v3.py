@@ -934,9 +934,16 @@ DICT_Q = ["What does {w} mean?", 'What is the meaning of "{w}"?', "Look up {w} f
 DICT_ANS = ['"{w}" means {d}.', "{W}: {d}.", 'According to the dictionary, "{w}" means {d}.', "{W} means {d}."]
 
 
+# v3n: the names clients give a dictionary, banned from v3e's made names (DICT_VERBS x DICT_NOUNS) so
+# that none could be recalled instead of read; none is an evaluation name (eval_v3.EVAL_NAMES)
+NATURAL_DICT_NAMES = ["define_word", "define", "get_definition", "lookup_word", "dictionary", "word_lookup",
+                      "lookup_definition", "get_meaning", "find_definition", "dictionary_lookup", "lexicon",
+                      "defineWord", "getDefinition", "lookupWord"]
+
+
 def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, banned=(), name_words=(),
                            think_frac=0.5, dict_frac=0.6, list_tools=False, names=None, rename_frac=0.0,
-                           dict_draw=None, lookups=None, alone_frac=0.0):
+                           dict_draw=None, lookups=None, alone_frac=0.0, natural_frac=0.0):
     """(messages, tools, thinking) triples, as tool_conversations but: the first request is the
     dictionary's in `dict_frac` of them with the tools the tool evaluation offers (the dictionary,
     get_weather and one or two others, sometimes a calculator or a capitals tool too); every made
@@ -953,7 +960,10 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
     each after the first a dictionary look-up in 70 % (the schemas read once for several copies).
     `alone_frac` (v3m): in that share only the made tools are offered (a third of the conversations
     that open with the dictionary then offer it alone): v3l, always offered 2-6 tools, answered a
-    dictionary offered alone from memory in 50 of 50 (V3_PLAN section 30)."""
+    dictionary offered alone from memory in 50 of 50 (V3_PLAN section 30).
+    `natural_frac` (v3n): in that share of the conversations that offer the dictionary beside other
+    tools, it takes one of the NATURAL_DICT_NAMES clients give it instead of a fresh name (v3m, never
+    trained on them, called get_weather when offered define_word beside it: V3_PLAN section 31)."""
     import conversations as C2
 
     def fresh_name(kind):
@@ -987,6 +997,8 @@ def tool_conversations_v3e(rng, dict_words, caps, arith, plain, exclude, n, bann
         if alone_frac and rng.random() < alone_frac:   # v3m: only the made tools, as a client with one tool
             others = []
         made = {k: tool(k) for k in kinds}
+        if natural_frac and others and "dict" in made and rng.random() < natural_frac:
+            made["dict"][0]["function"]["name"] = rng.choice(NATURAL_DICT_NAMES)
         if rename_frac and rng.random() < rename_frac:
             others = [(fresh_name("other"), *t[1:]) for t in others]
         tools = [t for t, _ in made.values()] + [tool_schema(*t) for t in others]

@@ -36,7 +36,7 @@ WORK = REPO / "artifacts" / "demo" / "v3"
 CARRY = WORK / "carry"  # under artifacts/ (git-ignored): a run carries it by name
 # each variant's own folder (v3c keeps V3's: artifacts/demo/v3), so preparing one leaves the other
 WORKS = {"v3c": WORK, **{v: REPO / "artifacts" / "demo" / v for v in
-                         ("v3d", "v3e", "v3f", "v3g", "v3h", "v3i", "v3j", "v3k", "v3l", "v3m")}}
+                         ("v3d", "v3e", "v3f", "v3g", "v3h", "v3i", "v3j", "v3k", "v3l", "v3m", "v3n")}}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
