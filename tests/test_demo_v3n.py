@@ -19,10 +19,11 @@ from tests.test_demo_v3_data import ARITH, EXCLUDE, SHORT  # noqa: E402
 from tests.test_demo_v3m import WORDS  # noqa: E402
 
 
-def _conversations(natural_frac, alone_frac=0.3, n=120):
-    kw = dict(dict_frac=1.0, name_words=["meaning", "word", "lamp", "river"], list_tools=True, think_frac=1.0)
+def _conversations(natural_frac=None, n=120):
+    kw = dict(dict_frac=1.0, name_words=["meaning", "word", "lamp", "river"], list_tools=True, think_frac=1.0,
+              alone_frac=0.3, **({} if natural_frac is None else {"natural_frac": natural_frac}))
     return V3.tool_conversations_v3e(random.Random(0), WORDS, [("Peru", "Lima")], ARITH, SHORT["v3_opposite"],
-                                     EXCLUDE, n, alone_frac=alone_frac, natural_frac=natural_frac, **kw)
+                                     EXCLUDE, n, **kw)
 
 
 def test_natural_names_come_beside_other_tools_and_are_called_by_name():
@@ -39,9 +40,7 @@ def test_natural_names_come_beside_other_tools_and_are_called_by_name():
         C.render_doc(C.Renderer(), msgs, tools, True, check=True)
     assert called >= 0.8 * len(with_natural)   # (with two words to look up, a few turn to another tool)
     # natural_frac 0 draws nothing more: v3m's conversations are as they were
-    assert _conversations(0.0) == V3.tool_conversations_v3e(
-        random.Random(0), WORDS, [("Peru", "Lima")], ARITH, SHORT["v3_opposite"], EXCLUDE, 120, alone_frac=0.3,
-        dict_frac=1.0, name_words=["meaning", "word", "lamp", "river"], list_tools=True, think_frac=1.0)
+    assert _conversations(0.0) == _conversations()
     assert not any({t["function"]["name"] for t in tools} & natural for _, tools, _ in _conversations(0.0))
 
 
