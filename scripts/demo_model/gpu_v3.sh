@@ -46,6 +46,9 @@ train)
   STOP_AT=$(( START + ${TRAIN_BUDGET:-470} ))         # training stops by then, whatever the compile took
   CONFIG=${CONFIG:-$S/configs/v3.json}
   [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
+  # A second data folder (finetune_mix.py's draw leaning on some kinds), for a phase given
+  # EXTRA="--data $W/ft_data ..." (argparse: the later --data wins); the other phase reads data/.
+  [ -f $G/ft_data.tar.xz ] && [ ! -d $W/ft_data ] && { mkdir -p $W/ft_data && tar xJf $G/ft_data.tar.xz -C $W/ft_data; }
   RESUME=""   # v3b: training resumed from a packed run carried as init.q8.safetensors (prepare_v3.py --init)
   RUNS=$W/runs
   if [ -n "${RESUME_DIR:-}" ]; then
