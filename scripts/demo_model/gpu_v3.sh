@@ -7,6 +7,7 @@
 #   G/scripts/       this folder's *.py and configs/ (train_torch.py, shards_q8.py, the v3 config)
 #   G/data.tar.xz    artifacts/demo/v3/data (tokens.npy, mask.npy, docs.npy, eval sets)
 #   G/tokenizer/     the demo tokenizer (models/demo's tokenizer files)
+#   G/ft_data.tar.xz optional: a second data folder (finetune_mix.py) for a phase given --data /tmp/v3_work/ft_data
 #   G/wheels/        nothing is needed: the image's torch 2.11, transformers 5.x, safetensors
 #                    serve train_torch.py (fla-core would be refused on Hopper with Triton 3.6:
 #                    train_torch.py falls back to the reference Gated-DeltaNet kernels by itself)
