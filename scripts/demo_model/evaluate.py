@@ -37,12 +37,12 @@ from webapp.api.toolcalls import split_tool_calls  # noqa: E402
 SAMPLER = SamplerConfig(temperature=0.6, top_p=0.95, top_k=20)
 
 
-def replies(ad, depth, max_tokens=256, n_everyday=100):
+def replies(ad, depth, max_tokens=256, n_everyday=100, draw=0):
     lane = SpeculativeDecoder(ad, sampler=SAMPLER, depth=depth)
     acc, prop, out = [0] * depth, [0] * depth, []
     t0 = time.time()
     for i, p in enumerate(heldout_prompts()):
-        lane.seed = i
+        lane.seed = i + 1000 * draw   # draw 0: the seeds every earlier figure used
         prompt = chat_prompt_ids(ad, [{"role": "user", "content": p}])
         ids, st = lane.generate(prompt, max_tokens=max_tokens)
         if i < n_everyday:
@@ -96,6 +96,9 @@ def main():
     ap.add_argument("model")
     ap.add_argument("--depth", type=int, default=1)
     ap.add_argument("--parts", nargs="+", default=["replies", "tools"], choices=["replies", "tools"])
+    ap.add_argument("--draws", type=int, default=1,
+                    help="replies: sample the 200 prompts with this many seeds (draw k seeds prompt i with "
+                         "i + 1000 k) and total the loops: 1 % of 200 is 2 replies, so one draw says little")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     ad = load_adapter(a.model)
@@ -103,6 +106,17 @@ def main():
     if "replies" in a.parts:
         res["replies"] = replies(ad, a.depth)
         print(json.dumps({k: v for k, v in res["replies"].items() if k not in ("samples", "looping")}), flush=True)
+        if a.draws > 1:   # the later draws' loops, each looping reply kept to read
+            res["replies_draws"] = [{"loops": res["replies"]["loops"], "replies": res["replies"]["replies"]}]
+            for k in range(1, a.draws):
+                r = replies(ad, a.depth, draw=k)
+                res["replies_draws"].append({"loops": r["loops"], "replies": r["replies"], "acceptance":
+                                             r["everyday_acceptance"], "looping": [r["samples"][i] for i in r["looping"]]})
+                print(json.dumps({"draw": k, **{k2: v for k2, v in res["replies_draws"][-1].items() if k2 != "looping"}}),
+                      flush=True)
+            n, loops = (sum(d[key] for d in res["replies_draws"]) for key in ("replies", "loops"))
+            res["loops_over_draws"] = {"loops": loops, "replies": n, "rate": round(loops / n, 4)}
+            print(json.dumps(res["loops_over_draws"]), flush=True)
     if "tools" in a.parts:
         res["tools"] = tools(ad)
         print(json.dumps({k: v for k, v in res["tools"].items() if k != "rows"}), flush=True)
