@@ -26,7 +26,9 @@ Stages (run all, or any subset in order):
 --variant v3 (the default) is the demo shipped since 2026-12-05: shape configs/v3.json (28.4M
 parameters), four phases that are the three H100 calls that made it, by the steps they took, on the
 v3m corpus. --variant v3l is its first build (the v3l corpus, shipped earlier that day); --variant
-v2 is the demo shipped before (configs/h256_L12_i2.json, 13.3M).
+v2 is the demo shipped before (configs/h256_L12_i2.json, 13.3M). --variant v3n-ft is v3 leaned on
+v3n's tool conversations and its head retrained, two phases on a 2-core CPU (V3_PLAN section 32: a
+candidate measured, not shipped); it prepares the v3n corpus beside v3m's.
 
 The larger variant (--variant large: hidden 1024, 20 layers, 15 Gated-DeltaNet + 5 attention as
 Qwythos' 3:1, 294M parameters with its MTP layer) trains on the same data at 4,096-token windows
@@ -88,11 +90,32 @@ def v3_phases(steps):
     ]
 
 
+# Phases that read another prepared corpus than their build's: (prepare_v3.py's variant, folder,
+# finetune_mix.py's arguments when the folder is its draw from that variant's data/, else None).
+PHASE_DATA = {"V3E": ("v3n", "ft_data", ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--tokens", "1300000",
+                                         "--seed", "41"]),
+              "V3F": ("v3n", "data", None)}
+CPU_SHAPE = ["--batch", "4", "--micro-batch", "2", "--seq", "2048", "--gdn-chunk", "256"]
+
+
+def lean_phases(lean_steps, head_steps):
+    """v3m leaned on v3n's tool conversations on a 2-core CPU (V3_PLAN section 32): V3E the whole
+    model on finetune_mix.py's draw, resumed from V3D packed int8 per row (as bundled); V3F the head
+    alone on the whole v3n corpus, the acceptance term at 1.0."""
+    resumed = CPU_SHAPE + ["--warmup", "10", "--accept-start", "0", "--accept-ramp", "0"]
+    return [
+        ("V3E", resumed + ["--lr", "1e-4", "--seed", "43", "--max-steps", str(lean_steps)]),
+        ("V3F", resumed + ["--head-only", "--accept-w", "1.0", "--lr", "2e-4", "--seed", "44",
+                           "--max-steps", str(head_steps)]),
+    ]
+
+
 # variant: (prepare_v3.py's corpus, phases, phases resumed from the previous one packed int8 per row,
 # as a call on a fresh machine resumed it). v3l is v3's first build, shipped on 2026-12-05 until v3m
 # replaced it the same day: the same recipe on the v3l corpus, V3D on a fresh machine.
 V3_BUILDS = {"v3": ("v3m", v3_phases((667, 499, 308, 1462)), set()),
-             "v3l": ("v3l", v3_phases((658, 492, 296, 1426)), {"V3D"})}
+             "v3l": ("v3l", v3_phases((658, 492, 296, 1426)), {"V3D"}),
+             "v3n-ft": ("v3m", v3_phases((667, 499, 308, 1462)) + lean_phases(127, 57), {"V3E"})}
 TRAIN_PHASES = [
     ("E1", ["--batch", "8", "--micro-batch", "8", "--lr", "2e-3", "--warmup", "100", "--accept-start", "0.5",
             "--accept-ramp", "0.3", "--max-steps", "392", "--schedule-steps", "452"]),
@@ -104,9 +127,10 @@ TRAIN_PHASES = [
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
-    ap.add_argument("--variant", default="v3", choices=["v3", "v3l", "v2", "large"],
-                    help="v3: the shipped demo; v3l: its first build (the v3l corpus); v2: the demo shipped "
-                         "until 2026-12-05 (its corpus and phases); large: the ~300M variant")
+    ap.add_argument("--variant", default="v3", choices=["v3", "v3l", "v3n-ft", "v2", "large"],
+                    help="v3: the shipped demo; v3l: its first build (the v3l corpus); v3n-ft: v3 leaned on v3n's "
+                         "tool conversations (a candidate); v2: the demo shipped until 2026-12-05 (its corpus and "
+                         "phases); large: the ~300M variant")
     ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
     ap.add_argument("--out", default=str(REPO / "models" / "demo"))
     ap.add_argument("--run", default=None, help="prefix of the trained shards to export (default: the last phase)")
@@ -121,7 +145,8 @@ def main(argv=None):
     large, v3 = a.variant == "large", a.variant in V3_BUILDS
     corpus_v3, phases, via_int8 = V3_BUILDS.get(a.variant, (None, TRAIN_PHASES, set()))
     phases, text_config = (LARGE_PHASES, LARGE_CONFIG) if large else (phases, V3_CONFIG if v3 else TEXT_CONFIG)
-    out = work / "large" if large and a.out == ap.get_default("out") else Path(a.out)
+    beside = {"large": work / "large", "v3n-ft": work / "v3n-ft" / "model"}   # not shipped: not into models/demo
+    out = beside.get(a.variant, Path(a.out)) if a.out == ap.get_default("out") else Path(a.out)
     bits = 4 if large else None
     if v3:   # prepare_v3.py's folders: corpus/, tokenizer/ (the app's ids), data/
         work = work / corpus_v3 if a.work == ap.get_default("work") else work
@@ -141,10 +166,23 @@ def main(argv=None):
 
         tokenizer.train_tokenizer(work / "corpus", work / "tokenizer")
         tokenizer.encode_corpus(work / "corpus", work / "tokenizer", work / "data")
+    if v3 and {"corpus", "tokenizer"} & set(a.stages):   # the other corpora some phases read
+        reads = [PHASE_DATA[n] for n, _ in phases if n in PHASE_DATA]
+        for variant in sorted({v for v, _, _ in reads}):
+            steps = [s for s, stage in (("corpus", "corpus"), ("data", "tokenizer")) if stage in a.stages]
+            subprocess.run([sys.executable, str(HERE / "prepare_v3.py"), "--variant", variant, "--work",
+                            str(Path(a.work) / variant), "--steps", *steps], check=True)
+        for variant, folder, mix in reads:
+            other = Path(a.work) / variant   # artifacts/demo/<variant>, beside the build's own corpus
+            if mix and "tokenizer" in a.stages:
+                subprocess.run([sys.executable, str(HERE / "finetune_mix.py"), "--data", str(other / "data"), "--corpus",
+                                str(other / "corpus" / "docs.jsonl"), *mix, "--out", str(other / folder)], check=True)
     if "train" in a.stages:
         prev = None
         for name, args in phases:
-            cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(work / "data"), "--out", str(runs),
+            variant, folder, _ = PHASE_DATA.get(name, (None, "data", None))
+            data = Path(a.work) / variant / folder if variant else work / "data"
+            cmd = [sys.executable, str(HERE / "train_torch.py"), "--data", str(data), "--out", str(runs),
                    "--name", name, "--text-config", str(text_config), "--seconds", "1e9", *COMMON, *args]
             if prev and name in via_int8:
                 packed = runs / f"{prev}.q8.safetensors"

@@ -1,0 +1,72 @@
+"""scripts/demo_model/build.py's plan, without training: the commands it would run for a variant
+(subprocess.run recorded, not run). The shipped v3 reads only its own corpus; the v3n-ft candidate
+prepares v3n beside it, draws the lean folder from it, resumes its lean from V3D packed int8 per row
+(as the fine-tune resumed from the bundled weights), trains the head alone on the whole v3n corpus,
+and exports beside models/demo, never into it."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts" / "demo_model"))
+import build  # noqa: E402
+
+
+def _plan(monkeypatch, tmp_path, variant, stages):
+    calls, exported = [], []
+    monkeypatch.setattr(build.subprocess, "run", lambda cmd, **kw: calls.append([str(c) for c in cmd]))
+    import export
+
+    monkeypatch.setattr(export, "export", lambda run, cfg, tok, out, **kw: exported.append(Path(out)))
+    build.main(["--variant", variant, "--work", str(tmp_path), "--stages", *stages])
+    return calls, exported
+
+
+def _arg(cmd, flag):
+    """The value argparse keeps: the last one given."""
+    return [cmd[i + 1] for i, c in enumerate(cmd) if c == flag][-1]
+
+
+def _trains(calls):
+    return {_arg(c, "--name"): c for c in calls if c[1].endswith("train_torch.py")}
+
+
+def test_v3n_ft_leans_on_v3n_and_keeps_the_shipped_phases(monkeypatch, tmp_path):
+    calls, _ = _plan(monkeypatch, tmp_path, "v3n-ft", ["corpus", "tokenizer", "train"])
+    prepared = [_arg(c, "--variant") for c in calls if c[1].endswith("prepare_v3.py")]
+    assert prepared == ["v3m", "v3n"]
+    (mix,) = [c for c in calls if c[1].endswith("finetune_mix.py")]
+    assert _arg(mix, "--data") == str(tmp_path / "v3n" / "data")
+    assert _arg(mix, "--out") == str(tmp_path / "v3n" / "ft_data")
+    assert (_arg(mix, "--tokens"), _arg(mix, "--seed"), _arg(mix, "--shares")) == ("1300000", "41", "tools=0.6,drill=0.1,rest=0.3")
+
+    trains = _trains(calls)
+    assert list(trains) == ["V3A", "V3B", "V3C", "V3D", "V3E", "V3F"]
+    shipped, _ = _plan(monkeypatch, tmp_path, "v3", ["train"])
+    for name, cmd in _trains(shipped).items():   # v3m's four phases as the shipped build runs them
+        assert trains[name][trains[name].index("--name"):] == cmd[cmd.index("--name"):]
+    lean, head = trains["V3E"], trains["V3F"]
+    assert _arg(lean, "--data") == str(tmp_path / "v3n" / "ft_data")
+    assert _arg(lean, "--resume").endswith("V3Dq8")
+    assert [c for c in calls if c[1].endswith("shards_q8.py")][0][2] == "pack"
+    assert (_arg(lean, "--seq"), _arg(lean, "--batch"), _arg(lean, "--max-steps"), _arg(lean, "--lr")) == ("2048", "4", "127", "1e-4")
+    assert "--head-only" not in lean
+    assert _arg(head, "--data") == str(tmp_path / "v3n" / "data")
+    assert _arg(head, "--resume").endswith("V3E")
+    assert "--head-only" in head and _arg(head, "--accept-w") == "1.0" and _arg(head, "--max-steps") == "57"
+
+
+def test_the_shipped_v3_reads_only_its_own_corpus(monkeypatch, tmp_path):
+    calls, _ = _plan(monkeypatch, tmp_path, "v3", ["corpus", "tokenizer", "train"])
+    assert [_arg(c, "--variant") for c in calls if c[1].endswith("prepare_v3.py")] == ["v3m"]
+    assert not [c for c in calls if c[1].endswith("finetune_mix.py")]
+    assert {_arg(c, "--data") for c in _trains(calls).values()} == {str(tmp_path / "data")}
+
+
+@pytest.mark.parametrize("variant, beside", [("v3", None), ("v3n-ft", "v3n-ft/model")])
+def test_a_candidate_exports_beside_the_shipped_demo(monkeypatch, tmp_path, variant, beside):
+    _, exported = _plan(monkeypatch, tmp_path, variant, ["export"])
+    assert exported == [REPO / "models" / "demo" if beside is None else tmp_path / beside]
