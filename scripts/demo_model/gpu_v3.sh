@@ -21,6 +21,8 @@
 #   RESUME_DIR=/tmp/v3_work/runs/V3 LR=1e-3 bash .../gpu_v3.sh train   # the next call, same warm machine:
 #                        SECS more seconds of training from the first call's weights (-> runs_more)
 #   MTP_W=1.5 ...        the MTP head's loss weight (1.0 by default; V3_PLAN.md section 17)
+#   LEANS="31:1e-4 61:2e-4" bash .../gpu_v3.sh leans   # two leans of init.q8 on ft_data, each with its
+#                        head alone after, both brought back (the stage's comment below; V3_PLAN section 33)
 #
 # Timing (one call, 600 s limit; the machine start is not counted in it): untar ~10 s, model build
 # and the first steps ~30 s, training by wall clock until STOP_AT (TRAIN_BUDGET 470 s after the
@@ -104,6 +106,53 @@ train)
   split -b 15M -d -a 2 $W/V3.q8.safetensors $OUTDIR/V3.q8.part-
   sha256sum $W/V3.q8.safetensors | tee $OUTDIR/V3.q8.sha256
   cp $FINAL.json $OUTDIR/ 2>/dev/null
+  tar czf $OUTDIR/runs.tgz -C $W V3.stdout
+  ls -la $OUTDIR
+  ;;
+leans)
+  # Several leans of the carried init (init.q8.safetensors) in ONE call, each then its head alone,
+  # all by steps (a build repeats them exactly): LEANS="steps:lr ..." on G/ft_data.tar.xz, then
+  # HEAD_STEPS of the head alone on data/ (the acceptance term at 1.0, lr HEAD_LR). Each model
+  # comes back packed int8 per row (~27 MiB: two fit the 64 MiB a call returns) in one tar split in
+  # 15 MiB parts: leans.tar.part-NN, leans.sha256; per lean a folder lean-<steps>-<lr>/ holding
+  # V3.q8.part-00 (the packed model, whole), V3.q8.sha256, V3.json and lean.json (the lean's record),
+  # which after_v3.sh reads as a call's files_at:
+  #   cat leans.tar.part-* > leans.tar && sha256sum -c leans.sha256 && tar xf leans.tar
+  #   bash scripts/demo_model/after_v3.sh lean-31-1e-4 v3n <name>
+  START=$(date +%s)
+  STOP_AT=$(( START + ${TRAIN_BUDGET:-500} ))
+  CONFIG=${CONFIG:-$S/configs/v3.json}
+  [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
+  [ -d $W/ft_data ] || { mkdir -p $W/ft_data && tar xJf $G/ft_data.tar.xz -C $W/ft_data; }
+  [ -d $W/init ] || python3 $S/shards_q8.py unpack $G/init.q8.safetensors $W/init/V3
+  log "leans ${LEANS:=31:1e-4 61:2e-4} from $(sha256sum $G/init.q8.safetensors | cut -c1-16), heads ${HEAD_STEPS:=500} steps"
+  run_phase() {   # out, then train_torch.py's own arguments (v2's losses, the v3 batch and shape)
+    local out=$1 left=$(( STOP_AT - $(date +%s) )); shift
+    [ $left -gt 10 ] || { log "no time left for $out"; return 9; }   # (timeout 0 would mean none)
+    timeout $left python3 $S/train_torch.py --name V3 --text-config $CONFIG --out $out \
+      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
+      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step 0 --gdn-chunk ${GDN_CHUNK:-256} \
+      --seconds 1e9 --stop-at $STOP_AT --accept-start 0 --accept-ramp 0 "$@" >> $W/V3.stdout 2>&1
+  }
+  rm -rf $W/leans && mkdir -p $W/leans
+  for lean in $LEANS; do
+    steps=${lean%%:*}; lr=${lean##*:}; name=lean-$steps-$lr; d=$W/leans/$name
+    run_phase $W/runs_$name --data $W/ft_data --resume $W/init/V3 --lr $lr --warmup ${LEAN_WARMUP:-10} \
+      --seed ${LEAN_SEED:-38} --max-steps $steps ${EXTRA:-}
+    log "$name: lean exit $? after $(( $(date +%s) - START )) s"
+    run_phase $W/heads_$name --data $W/data --resume $W/runs_$name/V3 --head-only --accept-w 1.0 \
+      --lr ${HEAD_LR:-3e-4} --warmup 20 --seed 36 --max-steps $HEAD_STEPS ${EXTRA2:-}
+    log "$name: head exit $? after $(( $(date +%s) - START )) s"
+    ls $W/heads_$name/V3-*.safetensors > /dev/null 2>&1 || { log "$name: no head shards; skipped"; continue; }
+    mkdir -p $d
+    python3 $S/shards_q8.py pack $W/heads_$name/V3 $d/V3.q8.part-00
+    (cd $d && sha256sum V3.q8.part-00 > V3.q8.sha256)
+    cp $W/heads_$name/V3.json $d/V3.json; cp $W/runs_$name/V3.json $d/lean.json
+  done
+  grep -E "done|Error|error" $W/V3.stdout | tail -8
+  tar cf $W/leans.tar -C $W/leans .
+  split -b 15M -d -a 2 $W/leans.tar $OUTDIR/leans.tar.part-
+  (cd $W && sha256sum leans.tar) | tee $OUTDIR/leans.sha256
   tar czf $OUTDIR/runs.tgz -C $W V3.stdout
   ls -la $OUTDIR
   ;;
