@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import warnings
 
 import pytest
 
@@ -157,6 +158,7 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     page.wait_for_function("() => !document.querySelector('#chatbot [data-testid=\"user\"]')")
     start_long_reply(page)
     at_stop = len(bot_text(page))
+    t_stop = time.time()
     page.click("#chat-stop")
     # the token count below shows it stopped early; HANG: with the suite's other worker busy the
     # stopped reply's last update once took over 30 s to show
@@ -166,6 +168,7 @@ def test_stop_mid_stream_then_history_survives_reload(page):
         thoughts = page.locator("#chatbot .thought").all_inner_texts()
         raise AssertionError(f"no 'stopped' within {HANG} s: the reply had {at_stop} characters at Stop and "
                              f"{len(bot_text(page))} now; stats shown: {thoughts}") from None
+    t_stopped = time.time()
     n = int(re.search(r"(\d+) tokens", stats).group(1))
     assert 0 < n < 5000
     page.screenshot(path=str(screenshot_dir() / "chat-stopped.png"), full_page=True)
@@ -173,10 +176,15 @@ def test_stop_mid_stream_then_history_survives_reload(page):
     # request of its own after the reply ends; a reload before that request lands would lose it,
     # as a user's reload would: wait until the stopped reply is what the page saved.
     wait_saved(page, DEMO[0], lambda h: first_user(h) == LONG_PROMPT and "stopped" in str(h), "held the stopped reply")
+    t_saved = time.time()
     page.reload()
     page.wait_for_selector("#chatbot [data-testid='user']")
     assert page.locator("#chatbot [data-testid='user']").first.inner_text().strip() == LONG_PROMPT
     wait_stats(page, "stopped")
+    if time.time() - t_stop > 30:   # it passes in ~2 s; once under CI it took 182 s: say where, in CI's warnings
+        warnings.warn(f"slow Stop: 'stopped' shown {t_stopped - t_stop:.1f} s after Stop ({at_stop} characters then, "
+                      f"{n} tokens in the stats), saved {t_saved - t_stopped:.1f} s later, restored "
+                      f"{time.time() - t_saved:.1f} s after that")
 
 
 @pytest.mark.parametrize("button", ["#chat-clear", "#chat-undo"])
