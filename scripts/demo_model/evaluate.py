@@ -106,10 +106,10 @@ def main():
     if "replies" in a.parts:
         res["replies"] = replies(ad, a.depth)
         print(json.dumps({k: v for k, v in res["replies"].items() if k not in ("samples", "looping")}), flush=True)
-        if a.draws > 1:   # the later draws' loops, each looping reply kept to read
-            res["replies_draws"] = [{"loops": res["replies"]["loops"], "replies": res["replies"]["replies"]}]
-            for k in range(1, a.draws):
-                r = replies(ad, a.depth, draw=k)
+        if a.draws > 1:   # every draw's loops and acceptance, each looping reply kept to read
+            res["replies_draws"] = []
+            for k in range(a.draws):
+                r = res["replies"] if k == 0 else replies(ad, a.depth, draw=k)
                 res["replies_draws"].append({"loops": r["loops"], "replies": r["replies"], "acceptance":
                                              r["everyday_acceptance"], "looping": [r["samples"][i] for i in r["looping"]]})
                 print(json.dumps({"draw": k, **{k2: v for k2, v in res["replies_draws"][-1].items() if k2 != "looping"}}),

@@ -42,16 +42,29 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$OUTDIR/calls.log"
 
+CONFIG=${CONFIG:-$S/configs/v3.json}
+unpack() { [ -d $W/$1 ] || { mkdir -p $W/$1 && tar xJf $G/$1.tar.xz -C $W/$1; }; }   # G/<name>.tar.xz -> W/<name>
+# v2's losses and acceptance term (build.py's COMMON); batch 16 windows of 4,096 (v2's F1 batch: twice
+# E1's throughput on the reference kernels, which are launch-bound). Each phase adds its own arguments
+# (later ones win, so EXTRA / EXTRA2 override any of these). The reference Gated-DeltaNet scans
+# chunks of GDN_CHUNK positions (256: a third of 64's launches, gradients 1e-6 apart; gdn_chunks.py).
+train() {
+  local limit=$1; shift
+  timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
+    --depth 2 --mtp-w ${MTP_W:-1.0} --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
+    --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} \
+    --gdn-chunk ${GDN_CHUNK:-256} "$@"
+}
+
 case $STAGE in
 train)
   START=$(date +%s)
   SECS=${SECS:-430}                                   # the schedule's length (cosine by seconds)
   STOP_AT=$(( START + ${TRAIN_BUDGET:-470} ))         # training stops by then, whatever the compile took
-  CONFIG=${CONFIG:-$S/configs/v3.json}
-  [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
+  unpack data
   # A second data folder (finetune_mix.py's draw leaning on some kinds), for a phase given
   # EXTRA="--data $W/ft_data ..." (argparse: the later --data wins); the other phase reads data/.
-  [ -f $G/ft_data.tar.xz ] && [ ! -d $W/ft_data ] && { mkdir -p $W/ft_data && tar xJf $G/ft_data.tar.xz -C $W/ft_data; }
+  [ -f $G/ft_data.tar.xz ] && unpack ft_data
   RESUME=""   # v3b: training resumed from a packed run carried as init.q8.safetensors (prepare_v3.py --init)
   RUNS=$W/runs
   if [ -n "${RESUME_DIR:-}" ]; then
@@ -67,20 +80,9 @@ train)
     log "resuming from $(sha256sum $G/init.q8.safetensors | cut -c1-16)"
   fi
   log "data: $(python3 -c "import json; print(json.load(open('$W/data/data_info.json')))")"
-  # v2's losses and acceptance term (build.py's COMMON); the first phase: lr 2e-3 with a short
-  # warm-up, the acceptance term from 40 % of the schedule ramped over 30 % to 0.4 (v2's E1 shape,
-  # which kept the model following the question; 1.5 collapsed it), batch 16 windows of 4,096
-  # (v2's F1 batch: twice E1's throughput on the reference kernels, which are launch-bound)
-  # What both phases share: the losses, the shape, the batch; each phase adds its own arguments
-  # (later ones win, so EXTRA / EXTRA2 override any of these). The reference Gated-DeltaNet scans
-  # chunks of GDN_CHUNK positions (256: a third of 64's launches, gradients 1e-6 apart; gdn_chunks.py).
-  train() {
-    local limit=$1; shift
-    timeout "$limit" python3 $S/train_torch.py --data $W/data --name V3 --text-config $CONFIG \
-      --depth 2 --mtp-w ${MTP_W:-1.0} --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step ${PROFILE_STEP:-30} \
-      --gdn-chunk ${GDN_CHUNK:-256} "$@"
-  }
+  # The first phase: lr 2e-3 with a short warm-up, the acceptance term from 40 % of the schedule
+  # ramped over 30 % to 0.4 (v2's E1 shape, which kept the model following the question; 1.5
+  # collapsed it).
   # EXTRA2 (optional): a second phase resumed from the first, with these arguments, over the last
   # SECS2 seconds (v3b: 1,024-token windows first for more optimizer steps, then 4,096 so the long
   # windows stay trained). The first phase then gets the budget before it.
@@ -121,18 +123,14 @@ leans)
   #   bash scripts/demo_model/after_v3.sh lean-31-1e-4 v3n <name>
   START=$(date +%s)
   STOP_AT=$(( START + ${TRAIN_BUDGET:-500} ))
-  CONFIG=${CONFIG:-$S/configs/v3.json}
-  [ -d $W/data ] || { mkdir -p $W/data && tar xJf $G/data.tar.xz -C $W/data; }
-  [ -d $W/ft_data ] || { mkdir -p $W/ft_data && tar xJf $G/ft_data.tar.xz -C $W/ft_data; }
+  unpack data; unpack ft_data
   [ -d $W/init ] || python3 $S/shards_q8.py unpack $G/init.q8.safetensors $W/init/V3
   log "leans ${LEANS:=31:1e-4 61:2e-4} from $(sha256sum $G/init.q8.safetensors | cut -c1-16), heads ${HEAD_STEPS:=500} steps"
-  run_phase() {   # out, then train_torch.py's own arguments (v2's losses, the v3 batch and shape)
+  run_phase() {   # out, then the phase's own arguments; by steps, within the call's budget
     local out=$1 left=$(( STOP_AT - $(date +%s) )); shift
     [ $left -gt 10 ] || { log "no time left for $out"; return 9; }   # (timeout 0 would mean none)
-    timeout $left python3 $S/train_torch.py --name V3 --text-config $CONFIG --out $out \
-      --depth 2 --mtp-w 1.0 --depth-w 0.5 --distill 0.5 --seq 4096 --variant post_norm --other-w 0.3 \
-      --batch ${BATCH:-16} --micro-batch ${MICRO:-16} --accept-w 0.4 --profile-step 0 --gdn-chunk ${GDN_CHUNK:-256} \
-      --seconds 1e9 --stop-at $STOP_AT --accept-start 0 --accept-ramp 0 "$@" >> $W/V3.stdout 2>&1
+    train $left --out $out --profile-step 0 --seconds 1e9 --stop-at $STOP_AT --accept-start 0 --accept-ramp 0 \
+      "$@" >> $W/V3.stdout 2>&1
   }
   rm -rf $W/leans && mkdir -p $W/leans
   for lean in $LEANS; do
