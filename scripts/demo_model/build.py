@@ -6,7 +6,7 @@ Stages (run all, or any subset in order):
     corpus     conversations from Debian packages (WordNet, Python docs, fortunes, Devil's
                Dictionary, Jargon File, Jane Austen) and generated everyday questions, notes, drills,
                JSON answers, tool calls and thinking, rendered with the demo's Qwen3.5 chat template.
-               v3: prepare_v3.py --variant v3m (conversations_v3.py) -> artifacts/demo/v3m/corpus;
+               v3: prepare_v3.py --variant v3m and v3n (conversations_v3.py) -> artifacts/demo/v3{m,n}/corpus;
                v2: conversations.py -> artifacts/demo/corpus
     tokenizer  v3: the bundled tokenizer as the app tokenizes, the corpus encoded and checked
                (prepare_v3.py's data step) -> artifacts/demo/v3m/{tokenizer,data}; v2: byte-level
@@ -23,12 +23,14 @@ Stages (run all, or any subset in order):
     python scripts/demo_model/build.py --variant v2 --stages export verify --run artifacts/demo/runs/F1
     python scripts/demo_model/build.py --variant large --stages train export   # ~300M, for GPU measurements
 
---variant v3 (the default) is the demo shipped since 2026-12-05: shape configs/v3.json (28.4M
-parameters), four phases that are the three H100 calls that made it, by the steps they took, on the
-v3m corpus. --variant v3l is its first build (the v3l corpus, shipped earlier that day); --variant
-v2 is the demo shipped before (configs/h256_L12_i2.json, 13.3M). --variant v3n-ft is v3 leaned on
-v3n's tool conversations and its head retrained, two phases on a 2-core CPU (V3_PLAN section 32: a
-candidate measured, not shipped); it prepares the v3n corpus beside v3m's.
+--variant v3 (the default) is the demo shipped since 2026-12-06: shape configs/v3.json (28.4M
+parameters), six phases that are the H100 calls that made it, by the steps they took: v3m's four on
+the v3m corpus (--variant v3m, shipped 2026-12-05 until 2026-12-06), then a lean of the whole model on
+a 4.2M-token tool-leaning draw of the v3n corpus and its head alone on the whole v3n corpus (V3_PLAN
+section 35); it prepares the v3n corpus beside v3m's. --variant v3l is v3's first build (the v3l
+corpus, shipped on 2026-12-05); --variant v2 is the demo shipped before (configs/h256_L12_i2.json,
+13.3M). --variant v3n-ft is v3m leaned on a 2-core CPU instead (V3_PLAN section 32: a candidate
+measured, not shipped).
 
 The larger variant (--variant large: hidden 1024, 20 layers, 15 Gated-DeltaNet + 5 attention as
 Qwythos' 3:1, 294M parameters with its MTP layer) trains on the same data at 4,096-token windows
@@ -94,7 +96,10 @@ def v3_phases(steps):
 # finetune_mix.py's arguments when the folder is its draw from that variant's data/, else None).
 PHASE_DATA = {"V3E": ("v3n", "ft_data", ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--tokens", "1300000",
                                          "--seed", "41"]),
-              "V3F": ("v3n", "data", None)}
+              "V3F": ("v3n", "data", None),
+              "V3G": ("v3n", "ft_data4", ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--tokens", "4200000",
+                                          "--seed", "41"]),
+              "V3H": ("v3n", "data", None)}
 CPU_SHAPE = ["--batch", "4", "--micro-batch", "2", "--seq", "2048", "--gdn-chunk", "256"]
 
 
@@ -110,12 +115,27 @@ def lean_phases(lean_steps, head_steps):
     ]
 
 
+def gpu_lean_phases(lean_steps, head_steps):
+    """v3m leaned on v3n's tool conversations on one H100 (V3_PLAN section 35; gpu_v3.sh's leans
+    stage): V3G the whole model on finetune_mix.py's 4.2M-token draw, resumed from V3D packed int8
+    per row (the call's init.q8), the acceptance term on the trunk at 1.5 (0.4 lost the drafts:
+    section 34); V3H the head alone on the whole v3n corpus, the term at 1.0."""
+    return [
+        ("V3G", V3_RESUMED + ["--warmup", "10", "--lr", "2e-4", "--accept-w", "1.5", "--seed", "38",
+                           "--max-steps", str(lean_steps)]),
+        ("V3H", V3_RESUMED + ["--head-only", "--accept-w", "1.0", "--lr", "3e-4", "--seed", "36",
+                           "--max-steps", str(head_steps)]),
+    ]
+
+
 # variant: (prepare_v3.py's corpus, phases, phases resumed from the previous one packed int8 per row,
 # as a call on a fresh machine resumed it). v3l is v3's first build, shipped on 2026-12-05 until v3m
 # replaced it the same day: the same recipe on the v3l corpus, V3D on a fresh machine.
-V3_BUILDS = {"v3": ("v3m", v3_phases((667, 499, 308, 1462)), set()),
+V3M = v3_phases((667, 499, 308, 1462))
+V3_BUILDS = {"v3": ("v3m", V3M + gpu_lean_phases(91, 500), {"V3G"}),
+             "v3m": ("v3m", V3M, set()),
              "v3l": ("v3l", v3_phases((658, 492, 296, 1426)), {"V3D"}),
-             "v3n-ft": ("v3m", v3_phases((667, 499, 308, 1462)) + lean_phases(127, 57), {"V3E"})}
+             "v3n-ft": ("v3m", V3M + lean_phases(127, 57), {"V3E"})}
 TRAIN_PHASES = [
     ("E1", ["--batch", "8", "--micro-batch", "8", "--lr", "2e-3", "--warmup", "100", "--accept-start", "0.5",
             "--accept-ramp", "0.3", "--max-steps", "392", "--schedule-steps", "452"]),
@@ -127,9 +147,10 @@ TRAIN_PHASES = [
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
-    ap.add_argument("--variant", default="v3", choices=["v3", "v3l", "v3n-ft", "v2", "large"],
-                    help="v3: the shipped demo; v3l: its first build (the v3l corpus); v3n-ft: v3 leaned on v3n's "
-                         "tool conversations (a candidate); v2: the demo shipped until 2026-12-05 (its corpus and "
+    ap.add_argument("--variant", default="v3", choices=["v3", "v3m", "v3l", "v3n-ft", "v2", "large"],
+                    help="v3: the shipped demo (v3m leaned on v3n's tool conversations); v3m: the v3 shipped "
+                         "until 2026-12-06; v3l: its first build (the v3l corpus); v3n-ft: v3m leaned on the CPU "
+                         "(a candidate); v2: the demo shipped until 2026-12-05 (its corpus and "
                          "phases); large: the ~300M variant")
     ap.add_argument("--work", default=str(REPO / "artifacts" / "demo"), help="git-ignored work folder")
     ap.add_argument("--out", default=str(REPO / "models" / "demo"))
