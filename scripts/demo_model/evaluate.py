@@ -12,7 +12,7 @@
 
     python scripts/demo_model/evaluate.py models/demo --json docs/bench/demo-v2-eval.json
 
-(`tools` reads artifacts/demo/corpus/tools_eval.jsonl: run build_demo_model.py --stages corpus first.)
+(`tools` reads artifacts/demo/corpus/tools_eval.jsonl: after_v3.sh copies it there from a v3 corpus; v2's: build.py --variant v2 --stages corpus.)
 """
 from __future__ import annotations
 
