@@ -9,10 +9,9 @@ client. "lantern" is in no training conversation and its definition in no traini
 
 The dictionary is offered alone (a client with one tool: v3's first build answered that from
 memory, 0 of 50 calls) and beside a weather tool, as agents offer several. Beside get_weather it is
-named lookup_word: offered as define_word (or define, get_definition) beside get_weather, greedy
-decoding calls get_weather (models/demo/README.md, "Known weaknesses": no training tool name holds
-the stems the evaluation's names use, "word" among them, and "def..." loses to "get_..." when the
-call is held to the offered names).
+named lookup_word, one of the natural names the bundled v3 was leaned on (scripts/demo_model/
+tool_names.py: 18 of 20 requests; define_word, define, get_definition, dictionary 20; lexicon 0, the
+card's "Known weaknesses").
 """
 from __future__ import annotations
 
