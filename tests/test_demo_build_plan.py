@@ -34,6 +34,13 @@ def _trains(calls):
     return {_arg(c, "--name"): c for c in calls if c[1].endswith("train_torch.py")}
 
 
+def _assert_v3m_phases_kept(monkeypatch, tmp_path, trains):
+    """v3m's four phases as its own build runs them."""
+    v3m, _ = _plan(monkeypatch, tmp_path, "v3m", ["train"])
+    for name, cmd in _trains(v3m).items():
+        assert trains[name][trains[name].index("--name"):] == cmd[cmd.index("--name"):]
+
+
 def test_v3n_ft_leans_on_v3n_and_keeps_the_shipped_phases(monkeypatch, tmp_path):
     calls, _ = _plan(monkeypatch, tmp_path, "v3n-ft", ["corpus", "tokenizer", "train"])
     prepared = [_arg(c, "--variant") for c in calls if c[1].endswith("prepare_v3.py")]
@@ -45,9 +52,7 @@ def test_v3n_ft_leans_on_v3n_and_keeps_the_shipped_phases(monkeypatch, tmp_path)
 
     trains = _trains(calls)
     assert list(trains) == ["V3A", "V3B", "V3C", "V3D", "V3E", "V3F"]
-    shipped, _ = _plan(monkeypatch, tmp_path, "v3m", ["train"])
-    for name, cmd in _trains(shipped).items():   # v3m's four phases as its own build runs them
-        assert trains[name][trains[name].index("--name"):] == cmd[cmd.index("--name"):]
+    _assert_v3m_phases_kept(monkeypatch, tmp_path, trains)
     lean, head = trains["V3E"], trains["V3F"]
     assert _arg(lean, "--data") == str(tmp_path / "v3n" / "ft_data")
     assert _arg(lean, "--resume").endswith("V3Dq8")
@@ -67,9 +72,7 @@ def test_the_shipped_v3_is_v3m_leaned_on_the_gpu(monkeypatch, tmp_path):
     assert (_arg(mix, "--tokens"), _arg(mix, "--seed"), _arg(mix, "--shares")) == ("4200000", "41", "tools=0.6,drill=0.1,rest=0.3")
     trains = _trains(calls)
     assert list(trains) == ["V3A", "V3B", "V3C", "V3D", "V3G", "V3H"]
-    v3m, _ = _plan(monkeypatch, tmp_path, "v3m", ["train"])
-    for name, cmd in _trains(v3m).items():
-        assert trains[name][trains[name].index("--name"):] == cmd[cmd.index("--name"):]
+    _assert_v3m_phases_kept(monkeypatch, tmp_path, trains)
     lean, head = trains["V3G"], trains["V3H"]
     assert _arg(lean, "--data") == str(tmp_path / "v3n" / "ft_data4") and _arg(lean, "--resume").endswith("V3Dq8")
     # the call's shape and schedule (gpu_v3.sh leans: LEANS="91:2e-4" EXTRA="--accept-w 1.5")

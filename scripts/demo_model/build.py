@@ -94,11 +94,10 @@ def v3_phases(steps):
 
 # Phases that read another prepared corpus than their build's: (prepare_v3.py's variant, folder,
 # finetune_mix.py's arguments when the folder is its draw from that variant's data/, else None).
-PHASE_DATA = {"V3E": ("v3n", "ft_data", ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--tokens", "1300000",
-                                         "--seed", "41"]),
+V3N_TOOLS_MIX = ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--seed", "41"]   # + --tokens: the draw's size
+PHASE_DATA = {"V3E": ("v3n", "ft_data", V3N_TOOLS_MIX + ["--tokens", "1300000"]),
               "V3F": ("v3n", "data", None),
-              "V3G": ("v3n", "ft_data4", ["--shares", "tools=0.6,drill=0.1,rest=0.3", "--tokens", "4200000",
-                                          "--seed", "41"]),
+              "V3G": ("v3n", "ft_data4", V3N_TOOLS_MIX + ["--tokens", "4200000"]),
               "V3H": ("v3n", "data", None)}
 CPU_SHAPE = ["--batch", "4", "--micro-batch", "2", "--seq", "2048", "--gdn-chunk", "256"]
 
